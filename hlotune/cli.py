@@ -1,0 +1,137 @@
+"""The `hlotune` command.
+
+Map:
+  main()            argparse dispatch; hlotune errors -> one line on stderr, exit 2
+  cmd_inspect       fused subgraphs: key, weight, opcodes, shapes, FLOPs, bytes, compute definition
+  cmd_run           run a whole model (compiled, or --reference with the numpy interpreter)
+  cmd_db            tuning database commands (show, best, export, import, merge, verify)
+  cmd_config        the settings table
+
+Exit codes: 0 success, 2 user error (one line, no traceback unless HLOTUNE_DEBUG is set),
+1 internal error (a bug: traceback shown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+import numpy as np
+
+from . import config
+from .errors import HlotuneError, InputError
+
+
+def _load_inputs(path: str) -> list[np.ndarray]:
+    try:
+        data = np.load(path)
+    except FileNotFoundError:
+        raise InputError(f"input file not found: {path}") from None
+    except Exception as e:  # numpy raises several kinds for a file that is not an npz
+        raise InputError(f"cannot read inputs from {path}: {e}") from None
+    names = sorted((k for k in data.files if k.startswith("arg")), key=lambda k: int(k[3:]) if k[3:].isdigit() else -1)
+    if not names:
+        raise InputError(f"{path} has no arrays named arg0, arg1, ...")
+    for want, got in enumerate(names):
+        if got != f"arg{want}":
+            raise InputError(f"{path}: expected arrays arg0..arg{len(names) - 1}, found {got}")
+    return [data[n] for n in names]
+
+
+def _save_outputs(path: str, outs: Sequence[np.ndarray]) -> None:
+    try:
+        np.savez(path, **{f"out{i}": np.asarray(o) for i, o in enumerate(outs)})
+    except OSError as e:
+        raise InputError(f"cannot write outputs to {path}: {e}") from None
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .api import inspect_model
+
+    report = inspect_model(args.model, schedule=args.schedule, tuning_log=args.tuning_log, target=args.target)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print(report.text())
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .api import compile as hl_compile
+    from .api import load_model, reference_run
+
+    inputs = _load_inputs(args.inputs)
+    if args.reference:
+        outs = reference_run(load_model(args.model), inputs)
+    else:
+        exe = hl_compile(args.model, tuning_log=args.tuning_log, target=args.target)
+        outs = exe(*inputs)
+    _save_outputs(args.out, outs)
+    print(f"wrote {len(outs)} output(s) to {args.out}")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    print(config.describe())
+    print()
+    print("HLOTUNE_DEBUG levels: " + "; ".join(f"{k} {v}" for k, v in config.DEBUG_LEVELS.items()))
+    return 0
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="HLO text file (.hlo/.txt) or HLO text")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="hlotune", description="Auto-scheduling tensor compiler for XLA HLO.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("inspect", help="show the fused subgraphs of a model")
+    _add_model(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--schedule", action="store_true", help="also print each subgraph's loop nest")
+    p.add_argument("--tuning-log", default=None, help="use the best schedules in this database")
+    p.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("run", help="run a whole model on inputs from an npz file")
+    _add_model(p)
+    p.add_argument("--inputs", required=True, help="npz with arg0, arg1, ...")
+    p.add_argument("--out", required=True, help="npz to write out0, out1, ...")
+    p.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--tuning-log", default=None, help="tuning database with best schedules")
+    p.add_argument("--reference", action="store_true", help="use the numpy HLO interpreter")
+    p.set_defaults(func=cmd_run)
+
+    try:
+        from .database.cli import add_db_parser
+    except ImportError:  # pragma: no cover - database extra missing
+        add_db_parser = None
+    if add_db_parser is not None:
+        add_db_parser(sub)
+
+    p = sub.add_parser("config", help="list settings (environment variables) and debug levels")
+    p.set_defaults(func=cmd_config)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except HlotuneError as e:
+        if config.debug_level() > 0:
+            raise
+        print(f"hlotune: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hlotune: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Typed settings, read from environment variables, and the DEBUG level table.
+
+This is the only module that reads the environment.  Each setting has a name, a type,
+a default, a help text and an environment variable.  `settings()` returns the current
+values; `HLOTUNE_DEBUG` sets the logging detail:
+
+| level | what is logged |
+|-------|----------------|
+| 0     | warnings only |
+| 1     | tasks (subgraphs found, tuning rounds) |
+| 2     | timings (passes, compile, measure) |
+| 3     | chosen schedules |
+| 4     | generated LLVM IR / CUDA C |
+| 5     | the IR after each pass |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import ConfigError
+
+DEBUG_LEVELS = {
+    0: "warnings only",
+    1: "tasks",
+    2: "timings",
+    3: "chosen schedules",
+    4: "generated LLVM IR / CUDA C",
+    5: "IR after each pass",
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    type: Callable[[str], Any]
+    default: Any
+    help: str
+
+    @property
+    def env(self) -> str:
+        return "HLOTUNE_" + self.name.upper()
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("debug", int, 0, "logging detail 0-5 (see DEBUG_LEVELS); also shows tracebacks in the CLI"),
+    Setting("cache_dir", str, os.path.join(os.path.expanduser("~"), ".cache", "hlotune"),
+            "directory for caches of compiled modules"),
+    Setting("log_dir", str, "logs", "where `hlotune tune` writes run logs by default"),
+    Setting("num_threads", int, 0, "threads for parallel loops on the CPU (0: one per core)"),
+    Setting("opt_level", int, 3, "LLVM optimization level for generated CPU code"),
+    Setting("postgres_url", str, "", "PostgreSQL URL used by the database tests (skipped when empty)"),
+    Setting("no_fuse", _bool, False, "disable fusion (one subgraph per instruction); for debugging"),
+)
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def get(name: str) -> Any:
+    """The current value of setting `name` (environment variable or default)."""
+    s = _BY_NAME[name]
+    raw = os.environ.get(s.env)
+    if raw is None or raw == "":
+        return s.default
+    try:
+        return s.type(raw)
+    except ValueError as e:
+        raise ConfigError(f"{s.env}={raw!r} is not valid: {e}") from None
+
+
+def settings() -> dict[str, Any]:
+    """All settings with their current values."""
+    return {s.name: get(s.name) for s in SETTINGS}
+
+
+def describe() -> str:
+    """A table of every setting: env var, default, help."""
+    return "\n".join(f"{s.env:24s} default={s.default!r:12} {s.help}" for s in SETTINGS)
+
+
+def debug_level() -> int:
+    try:
+        return int(get("debug"))
+    except ConfigError:
+        return 0
+
+
+_LOGGING_DONE = False
+
+
+def setup_logging() -> logging.Logger:
+    """Configure the `hlotune` logger from HLOTUNE_DEBUG once; returns it."""
+    global _LOGGING_DONE
+    log = logging.getLogger("hlotune")
+    if not _LOGGING_DONE:
+        level = debug_level()
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[hlotune %(levelname)s] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.WARNING if level <= 0 else logging.DEBUG)
+        log.propagate = False
+        _LOGGING_DONE = True
+    return log
+
+
+def debug(level: int, msg: str, *args: Any) -> None:
+    """Log `msg` when HLOTUNE_DEBUG >= level (see DEBUG_LEVELS)."""
+    if debug_level() >= level:
+        setup_logging().debug(msg, *args)
+
+
+def replace_default(name: str, value: Any) -> None:  # pragma: no cover - used by tests only
+    """Change a setting's default for this process (tests)."""
+    global SETTINGS, _BY_NAME
+    SETTINGS = tuple(dataclasses.replace(s, default=value) if s.name == name else s for s in SETTINGS)
+    _BY_NAME = {s.name: s for s in SETTINGS}

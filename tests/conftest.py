@@ -1,0 +1,29 @@
+"""Shared test helpers: the bundled model fixtures (real HLO written by JAX, with JAX's outputs)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+MODELS_DIR = Path(__file__).parent / "data" / "models"
+MANIFEST = json.loads((MODELS_DIR / "manifest.json").read_text())
+MODEL_NAMES = sorted(MANIFEST["models"])
+TEXT_KINDS = ("hlo", "opt.hlo", "bench.hlo", "bench.opt.hlo", "bench.gpu.opt.hlo")
+
+
+def model_path(name: str, kind: str = "hlo") -> Path:
+    return MODELS_DIR / name / f"{name}.{kind}"
+
+
+def model_io(name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(inputs, JAX's outputs) at test size."""
+    data = np.load(MODELS_DIR / name / f"{name}.npz")
+    args = [data[f"arg{i}"] for i in range(sum(k.startswith("arg") for k in data.files))]
+    outs = [data[f"out{i}"] for i in range(sum(k.startswith("out") for k in data.files))]
+    return args, outs
+
+
+@pytest.fixture(params=MODEL_NAMES)
+def model_name(request) -> str:
+    return request.param
