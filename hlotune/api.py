@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -139,7 +140,7 @@ def load_model(model: Any, *example_args: Any) -> Model:
     try:
         module = verify_module(parse_hlo(text, file=file))
     except HlotuneError as e:
-        raise e.with_file(file) if file else e
+        raise (e.with_file(file) if file else e) from None
     return Model(module, text)
 
 
