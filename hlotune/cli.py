@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -73,6 +73,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_db(args: argparse.Namespace) -> int:
+    from .database.cli import run_db
+
+    return run_db(args)
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     print(config.describe())
     print()
@@ -111,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # pragma: no cover - database extra missing
         add_db_parser = None
     if add_db_parser is not None:
-        add_db_parser(sub)
+        add_db_parser(sub).set_defaults(func=cmd_db)
 
     p = sub.add_parser("config", help="list settings (environment variables) and debug levels")
     p.set_defaults(func=cmd_config)
