@@ -1,0 +1,1 @@
+"""`make demo`: compile a bundled model with hlotune and check it against the reference."""
