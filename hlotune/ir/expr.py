@@ -34,25 +34,25 @@ class Expr:
     dtype: DType
 
     # index-building conveniences (ints are promoted to Const of the index type)
-    def __add__(self, o: "Expr | int") -> "Expr":
+    def __add__(self, o: Expr | int) -> Expr:
         return Binary(Op.ADD, self, _e(o), self.dtype)
 
-    def __radd__(self, o: "Expr | int") -> "Expr":
+    def __radd__(self, o: Expr | int) -> Expr:
         return Binary(Op.ADD, _e(o), self, self.dtype)
 
-    def __sub__(self, o: "Expr | int") -> "Expr":
+    def __sub__(self, o: Expr | int) -> Expr:
         return Binary(Op.SUBTRACT, self, _e(o), self.dtype)
 
-    def __mul__(self, o: "Expr | int") -> "Expr":
+    def __mul__(self, o: Expr | int) -> Expr:
         return Binary(Op.MULTIPLY, self, _e(o), self.dtype)
 
-    def __rmul__(self, o: "Expr | int") -> "Expr":
+    def __rmul__(self, o: Expr | int) -> Expr:
         return Binary(Op.MULTIPLY, _e(o), self, self.dtype)
 
-    def __floordiv__(self, o: "Expr | int") -> "Expr":
+    def __floordiv__(self, o: Expr | int) -> Expr:
         return Binary(Op.DIVIDE, self, _e(o), self.dtype)
 
-    def __mod__(self, o: "Expr | int") -> "Expr":
+    def __mod__(self, o: Expr | int) -> Expr:
         return Binary(Op.REMAINDER, self, _e(o), self.dtype)
 
     @cached_property
@@ -64,7 +64,7 @@ class Expr:
         return expr_str(self)
 
 
-def _e(x: "Expr | int | float") -> Expr:
+def _e(x: Expr | int | float) -> Expr:
     return x if isinstance(x, Expr) else Const(x, INDEX if isinstance(x, int) else DType.F32)
 
 
@@ -296,12 +296,18 @@ class Buffer:
 
 @dataclass(frozen=True)
 class ComputeDef:
-    """The algorithm of one fused subgraph: inputs, stages in topological order, outputs."""
+    """The algorithm of one fused subgraph: inputs, stages in topological order, outputs.
+
+    `constants` gives the values of input buffers that hold array constants of the subgraph:
+    (buffer name, canonical literal text) pairs; those buffers come last in `inputs` and callers
+    do not supply them (`compute.constant_values(cd)` reads them as arrays).
+    """
 
     name: str
     inputs: tuple[Buffer, ...]
     stages: tuple[Stage, ...]
     outputs: tuple[str, ...]
+    constants: tuple[tuple[str, str], ...] = ()
 
     @cached_property
     def stage_by_name(self) -> dict[str, Stage]:
