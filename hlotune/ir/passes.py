@@ -8,6 +8,7 @@ Map:
   legalize_custom_calls  cuBLAS gemm -> dot (+ epilogue), cuDNN conv -> convolution (+ bias, activation)
   dce                    dead instructions and unreachable computations
   cse                    structurally equal instructions merged
+  dedupe_computations    structurally equal computations (modulo names) merged; callers redirected
   constant_folding       instructions of constants evaluated with the interpreter (small results)
   ALGEBRAIC_RULES        the table of algebraic simplifications, keyed by Op
   algebraic_simplify     applies ALGEBRAIC_RULES
@@ -246,6 +247,63 @@ def cse(module: Module) -> Module:
 
     comps = tuple(run(c) for c in module.computations)
     return module if comps == module.computations else module.with_computations(comps)
+
+
+def _computation_key(comp: Computation, rep: dict[str, str]):
+    """`comp` modulo names: per instruction (op, shape, operand positions, attributes without
+    metadata, called computations by their representative), and the root's position."""
+    pos = {inst.name: k for k, inst in enumerate(comp)}
+
+    def attr(k: str, v):
+        if k in _CALL_ATTRS:
+            return tuple(rep.get(c, c) for c in v) if isinstance(v, tuple) else rep.get(v, v)
+        return v
+
+    items = tuple((inst.op, inst.shape, tuple(pos.get(o, o) for o in inst.operands),
+                   tuple((k, attr(k, v)) for k, v in inst.attrs if k not in _CSE_IGNORED_ATTRS))
+                  for inst in comp)
+    return items, pos[comp.root]
+
+
+_CALL_ATTRS = ("to_apply", "calls")
+
+
+def _redirect_calls(inst: Instruction, rep: dict[str, str]) -> Instruction:
+    updates = {}
+    for k in _CALL_ATTRS:
+        v = inst.attr(k)
+        if v is not None:
+            new = tuple(rep.get(c, c) for c in v) if isinstance(v, tuple) else rep.get(v, v)
+            if new != v:
+                updates[k] = new
+    return inst.with_attrs(**updates) if updates else inst
+
+
+def dedupe_computations(module: Module) -> Module:
+    """Merge non-entry computations that are structurally equal (the same instructions in the same
+    order modulo names; metadata ignored) into the first one met, callees first, and redirect every
+    caller to it, so that CSE can merge e.g. two reduces whose combiners differ only in name."""
+    rep: dict[str, str] = {}
+    by_key: dict = {}
+
+    def visit(name: str) -> None:
+        if name in rep or name not in module.by_name:
+            return
+        rep[name] = name  # provisional (also stops cycles)
+        comp = module.computation(name)
+        for inst in comp:
+            for callee in inst.called:
+                visit(callee)
+        if not comp.is_entry:
+            rep[name] = by_key.setdefault(_computation_key(comp, rep), name)
+
+    for c in module.computations:
+        visit(c.name)
+    if all(k == v for k, v in rep.items()):
+        return module
+    comps = tuple(Computation(c.name, tuple(_redirect_calls(i, rep) for i in c), c.root, c.is_entry, c.line)
+                  for c in module.computations if rep[c.name] == c.name)
+    return module.with_computations(comps)
 
 
 # --------------------------------------------------------------------------- constants
@@ -624,6 +682,7 @@ SIMPLIFY_STEPS: tuple[tuple[str, Callable[[Module], Module]], ...] = (
     ("simplify_tuples", simplify_tuples),
     ("algebraic_simplify", algebraic_simplify),
     ("constant_folding", constant_folding),
+    ("dedupe_computations", dedupe_computations),
     ("cse", cse),
     ("dce", dce),
 )

@@ -1,0 +1,227 @@
+"""The CPU parallel runtime: a persistent thread pool written in LLVM IR (no C compiler).
+
+Map:
+  build_runtime_ir(triple)  the runtime module: globals, `hlotune_rt_worker`, `hlotune_rt_launch`
+  Runtime                   compiles it once per process, starts the worker threads (pthread_create
+                            through ctypes), re-starts them after fork; `ensure_started()`
+  runtime()                 the process-wide Runtime (lazy)
+
+How a parallel loop runs: the code generator outlines the loop into `task(ctx, tid, nthreads)`, which
+runs the static chunk [ext*tid/n, ext*(tid+1)/n) of the iterations, and calls
+`hlotune_rt_launch(task, ctx)` from the kernel.  `launch` publishes (task, ctx), bumps a generation
+counter, wakes sleeping workers with a futex, runs chunk 0 itself, and spins until the workers have
+finished.  Workers spin on the generation counter (with `pause`) for a while after each task, then
+sleep in `futex_wait`; so back-to-back kernels (timing loops, a model's subgraphs) pay a few
+microseconds per launch, and an idle process burns no CPU.
+
+Why not a Python thread pool calling ctypes: waking Python threads costs tens of microseconds per
+call, which would dominate the measured time of small kernels during tuning.  Why not OpenMP
+(libgomp): it is not guaranteed to be installed, and this needs only libc (pthread_create, syscall).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import threading
+
+import llvmlite.binding as llvm
+import llvmlite.ir as ir
+
+I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
+PTR = ir.PointerType()
+VOID = ir.VoidType()
+TASK_TYPE = ir.FunctionType(VOID, [PTR, I64, I64])   # task(ctx, tid, nthreads)
+TASK_PTR = TASK_TYPE.as_pointer()
+LAUNCH_NAME = "hlotune_rt_launch"
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}
+FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
+DEFAULT_SPIN = 1 << 15    # pause iterations before a worker sleeps (about 0.3 to 1.5 ms)
+
+
+def _pause(b: ir.IRBuilder, triple: str) -> None:
+    if triple.startswith(("x86_64", "i686", "i386")):
+        b.asm(ir.FunctionType(VOID, []), "pause", "~{memory}", [], side_effect=True)
+    elif triple.startswith(("aarch64", "arm64")):
+        b.asm(ir.FunctionType(VOID, []), "yield", "~{memory}", [], side_effect=True)
+
+
+def _global(m: ir.Module, name: str, ty: ir.Type, init: int | None = 0) -> ir.GlobalVariable:
+    g = ir.GlobalVariable(m, ty, name)
+    g.initializer = ir.Constant(ty, init) if init is not None else ty(None)
+    g.align = 64
+    return g
+
+
+def build_runtime_ir(triple: str) -> str:
+    """The runtime module's LLVM IR text."""
+    m = ir.Module(name="hlotune_rt")
+    m.triple = triple
+    gen = _global(m, "hlotune_rt_gen", I32)            # generation counter (futex word)
+    pending = _global(m, "hlotune_rt_pending", I64)    # workers still running the current task
+    sleepers = _global(m, "hlotune_rt_sleepers", I64)  # workers in futex_wait
+    nthreads = _global(m, "hlotune_rt_nthreads", I64, 1)
+    spin = _global(m, "hlotune_rt_spin", I64, DEFAULT_SPIN)
+    task = _global(m, "hlotune_rt_task", PTR, None)
+    ctx = _global(m, "hlotune_rt_ctx", PTR, None)
+    sysno = _SYS_FUTEX.get(platform.machine().lower())
+    syscall = ir.Function(m, ir.FunctionType(I64, [I64], var_arg=True), "syscall") if sysno else None
+    sched_yield = ir.Function(m, ir.FunctionType(I32, []), "sched_yield")
+
+    # ---- worker(arg = tid) ----
+    w = ir.Function(m, ir.FunctionType(PTR, [PTR]), "hlotune_rt_worker")
+    w.attributes.add("nounwind")
+    b = ir.IRBuilder(w.append_basic_block("entry"))
+    tid = b.ptrtoint(w.args[0], I64)
+    seen_p = b.alloca(I32)
+    spins_p = b.alloca(I64)
+    b.store(ir.Constant(I32, 0), seen_p)
+    wait = w.append_basic_block("wait")
+    b.branch(wait)
+    b.position_at_end(wait)
+    b.store(ir.Constant(I64, 0), spins_p)
+    poll = w.append_basic_block("poll")
+    b.branch(poll)
+    b.position_at_end(poll)
+    g = b.load_atomic(gen, "acquire", 4, typ=I32)
+    run = w.append_basic_block("run")
+    idle = w.append_basic_block("idle")
+    b.cbranch(b.icmp_unsigned("!=", g, b.load(seen_p, typ=I32)), run, idle)
+    b.position_at_end(idle)
+    n = b.add(b.load(spins_p, typ=I64), ir.Constant(I64, 1))
+    b.store(n, spins_p)
+    dospin = w.append_basic_block("spin")
+    dosleep = w.append_basic_block("sleep")
+    b.cbranch(b.icmp_signed("<", n, b.load(spin, typ=I64)), dospin, dosleep)
+    b.position_at_end(dospin)
+    _pause(b, triple)
+    b.branch(poll)
+    b.position_at_end(dosleep)
+    b.atomic_rmw("add", sleepers, ir.Constant(I64, 1), "seq_cst")
+    if syscall is not None:
+        b.call(syscall, [ir.Constant(I64, sysno), gen, ir.Constant(I32, FUTEX_WAIT_PRIVATE), b.load(seen_p, typ=I32),
+                         PTR(None), PTR(None), ir.Constant(I32, 0)])
+    else:
+        b.call(sched_yield, [])
+    b.atomic_rmw("sub", sleepers, ir.Constant(I64, 1), "seq_cst")
+    b.branch(wait)
+    b.position_at_end(run)
+    b.store(g, seen_p)
+    fn = b.load(task, typ=TASK_PTR)   # typed pointer: llvmlite reads an indirect callee's type from it
+    b.call(fn, [b.load(ctx, typ=PTR), tid, b.load(nthreads, typ=I64)])
+    b.atomic_rmw("sub", pending, ir.Constant(I64, 1), "release")
+    b.branch(wait)
+
+    # ---- launch(task, ctx) ----
+    f = ir.Function(m, ir.FunctionType(VOID, [TASK_PTR, PTR]), LAUNCH_NAME)
+    f.attributes.add("nounwind")
+    b = ir.IRBuilder(f.append_basic_block("entry"))
+    nt = b.load(nthreads, typ=I64)
+    single = f.append_basic_block("single")
+    multi = f.append_basic_block("multi")
+    b.cbranch(b.icmp_signed("<=", nt, ir.Constant(I64, 1)), single, multi)
+    b.position_at_end(single)
+    b.call(f.args[0], [f.args[1], ir.Constant(I64, 0), ir.Constant(I64, 1)])
+    b.ret_void()
+    b.position_at_end(multi)
+    b.store(f.args[0], task)
+    b.store(f.args[1], ctx)
+    b.store_atomic(b.sub(nt, ir.Constant(I64, 1)), pending, "seq_cst", 8)
+    b.atomic_rmw("add", gen, ir.Constant(I32, 1), "seq_cst")
+    wake = f.append_basic_block("wake")
+    mine = f.append_basic_block("mine")
+    slp = b.load_atomic(sleepers, "seq_cst", 8, typ=I64)
+    b.cbranch(b.icmp_signed(">", slp, ir.Constant(I64, 0)), wake, mine)
+    b.position_at_end(wake)
+    if syscall is not None:
+        b.call(syscall, [ir.Constant(I64, sysno), gen, ir.Constant(I32, FUTEX_WAKE_PRIVATE),
+                         ir.Constant(I32, 0x7FFFFFFF)])
+    b.branch(mine)
+    b.position_at_end(mine)
+    b.call(f.args[0], [f.args[1], ir.Constant(I64, 0), nt])
+    waitb = f.append_basic_block("join")
+    done = f.append_basic_block("done")
+    b.branch(waitb)
+    b.position_at_end(waitb)
+    left = b.load_atomic(pending, "acquire", 8, typ=I64)
+    again = f.append_basic_block("join.spin")
+    b.cbranch(b.icmp_signed(">", left, ir.Constant(I64, 0)), again, done)
+    b.position_at_end(again)
+    _pause(b, triple)
+    b.branch(waitb)
+    b.position_at_end(done)
+    b.ret_void()
+    return str(m)
+
+
+def _libc_address(name: str) -> int:
+    return ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value  # type: ignore[return-value]
+
+
+class Runtime:
+    """The process-wide thread pool (compiled once; workers restarted after fork)."""
+
+    def __init__(self, target_machine: llvm.TargetMachine, triple: str):
+        for sym in ("syscall", "sched_yield"):
+            llvm.add_symbol(sym, _libc_address(sym))
+        mod = llvm.parse_assembly(build_runtime_ir(triple))
+        mod.verify()
+        self._engine = llvm.create_mcjit_compiler(mod, target_machine)
+        self._engine.finalize_object()
+        self.launch_address = self._engine.get_function_address(LAUNCH_NAME)
+        llvm.add_symbol(LAUNCH_NAME, self.launch_address)
+        self._worker = self._engine.get_function_address("hlotune_rt_worker")
+        self._g = {n: self._engine.get_global_value_address("hlotune_rt_" + n)
+                   for n in ("gen", "pending", "sleepers", "nthreads", "spin")}
+        self.lock = threading.Lock()      # one launch at a time from Python threads
+        self.threads = 0
+        self._started_pid = -1
+
+    def _set(self, name: str, value: int, ctype=ctypes.c_int64) -> None:
+        ctype.from_address(self._g[name]).value = value
+
+    def set_spin(self, spins: int) -> None:
+        """Pause iterations a worker spins before sleeping."""
+        self._set("spin", int(spins))
+
+    def ensure_started(self, threads: int) -> None:
+        """Start `threads - 1` workers (the caller's thread is worker 0) once per process."""
+        if self._started_pid == os.getpid():
+            return
+        with self.lock:
+            if self._started_pid == os.getpid():
+                return
+            self._set("gen", 0, ctypes.c_int32)
+            self._set("pending", 0)
+            self._set("sleepers", 0)
+            self._set("nthreads", 1)
+            libc = ctypes.CDLL(None)
+            libc.pthread_create.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+            libc.pthread_detach.argtypes = [ctypes.c_uint64]
+            started = 1
+            for tid in range(1, max(1, threads)):
+                handle = ctypes.c_uint64(0)
+                if libc.pthread_create(ctypes.byref(handle), None, self._worker, tid) != 0:
+                    break
+                libc.pthread_detach(handle.value)
+                started += 1
+            self._set("nthreads", started)
+            self.threads = started
+            self._started_pid = os.getpid()
+
+
+_RUNTIME: Runtime | None = None
+_RUNTIME_LOCK = threading.Lock()
+
+
+def runtime(target_machine_factory) -> Runtime:
+    """The process-wide runtime; `target_machine_factory()` makes a host TargetMachine on first use."""
+    global _RUNTIME
+    if _RUNTIME is None:
+        with _RUNTIME_LOCK:
+            if _RUNTIME is None:
+                llvm.initialize_native_target()
+                llvm.initialize_native_asmprinter()
+                _RUNTIME = Runtime(target_machine_factory(), llvm.get_process_triple())
+    return _RUNTIME
