@@ -30,7 +30,7 @@ class HlotuneError(Exception):
             where.append(f"at {self.op}")
         return (": ".join([", ".join(where), self.message]) if where else self.message)
 
-    def with_file(self, file: str) -> "HlotuneError":
+    def with_file(self, file: str) -> HlotuneError:
         """Return the same error with the file name filled in (for errors raised on text)."""
         if self.file is None:
             self.file = file

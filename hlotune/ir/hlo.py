@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import enum
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -212,7 +213,7 @@ class ArrayShape:
     def nbytes(self) -> int:
         return self.size * max(1, self.dtype.bits // 8)
 
-    def with_dtype(self, dtype: DType) -> "ArrayShape":
+    def with_dtype(self, dtype: DType) -> ArrayShape:
         return ArrayShape(dtype, self.dims, self.layout)
 
     def is_tuple(self) -> bool:
@@ -227,7 +228,7 @@ class ArrayShape:
 
 @dataclass(frozen=True)
 class TupleShape:
-    elements: tuple["Shape", ...]
+    elements: tuple[Shape, ...]
 
     def is_tuple(self) -> bool:
         return True
@@ -325,7 +326,7 @@ class Instruction:
     def has(self, key: str) -> bool:
         return any(k == key for k, _ in self.attrs)
 
-    def with_attrs(self, **updates: Any) -> "Instruction":
+    def with_attrs(self, **updates: Any) -> Instruction:
         """A copy with attributes set (value None removes the key)."""
         d = dict(self.attrs)
         for k, v in updates.items():
@@ -335,7 +336,7 @@ class Instruction:
                 d[k] = v
         return Instruction(self.name, self.op, self.shape, self.operands, make_attrs(d), self.line)
 
-    def replace(self, **kw: Any) -> "Instruction":
+    def replace(self, **kw: Any) -> Instruction:
         from dataclasses import replace
         return replace(self, **kw)
 
@@ -430,7 +431,7 @@ class Module:
         """A structural hash of the module (names included)."""
         return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
 
-    def with_computations(self, comps: tuple[Computation, ...], entry: str | None = None) -> "Module":
+    def with_computations(self, comps: tuple[Computation, ...], entry: str | None = None) -> Module:
         return Module(self.name, comps, entry or self.entry, self.attrs, self.source)
 
 
