@@ -103,10 +103,10 @@ class CompiledSubgraph:
         self.consts = [np.ascontiguousarray(consts[b.name]) for b in cd.inputs[self.n_params:]]
         self.outputs = [np.empty(b.shape, dtype=b.dtype.np) for b in self.func.outputs]
         self.is_tuple = sg.computation.root_instruction.shape.is_tuple()
-        self.in_dtypes = [b.dtype.np for b in self.func.inputs[: self.n_params]]
+        self.in_specs = [(b.dtype.np, b.shape) for b in self.func.inputs[: self.n_params]]
 
     def run(self, args: Sequence[np.ndarray]):
-        ins = [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(args, self.in_dtypes)]
+        ins = [np.ascontiguousarray(a, dtype=dt).reshape(shape) for a, (dt, shape) in zip(args, self.in_specs)]
         self.kernel(*ins, *self.consts, *self.outputs)
         return tuple(self.outputs) if self.is_tuple else self.outputs[0]
 
