@@ -41,6 +41,9 @@ class Frontend:
     optimized: Module     # after the pass pipeline
     program: Any          # fusion.FusedProgram (glue module + subgraphs)
     subgraphs: tuple[Subgraph, ...]
+    #: fused subgraphs with no compute definition (e.g. variadic reduce): (FusedSubgraph, reason);
+    #: executables run them with the reference interpreter
+    unsupported: tuple = ()
     timings: dict = field(default_factory=dict, compare=False)
 
 
@@ -55,14 +58,32 @@ def frontend(module: Module) -> Frontend:
     t1 = time.perf_counter()
     program = fuse(optimized)
     t2 = time.perf_counter()
-    pairs = extract_workloads(program)
+    pairs = extract_workloads(program, skip_unsupported=True)
     t3 = time.perf_counter()
     subs = tuple(Subgraph(sg.name, sg.kind, sg.computation, wl) for sg, wl in pairs)
+    unsupported = _unsupported(program, {sg.name for sg, _ in pairs})
     timings = {"passes_s": t1 - t0, "fusion_s": t2 - t1, "compute_s": t3 - t2}
     config.debug(1, "front end: %d subgraphs (%d distinct workloads)", len(subs),
                  len({s.workload.key for s in subs}))
     config.debug(2, "front end timings: %s", timings)
-    return Frontend(module, optimized, program, subs, timings)
+    for sg, why in unsupported:
+        config.debug(1, "subgraph %s has no compute definition (%s): it runs in the interpreter", sg.name, why)
+    return Frontend(module, optimized, program, subs, unsupported, timings)
+
+
+def _unsupported(program, supported: set[str]) -> tuple:
+    from .ir.compute import compute_definition
+
+    out = []
+    for sg in program.subgraphs:
+        if sg.name not in supported:
+            try:
+                compute_definition(sg.computation, program.module, name=sg.name)
+                why = "unsupported"
+            except UnsupportedError as e:
+                why = e.message
+            out.append((sg, why))
+    return tuple(out)
 
 
 class Model:
@@ -157,12 +178,16 @@ class InspectReport:
     model: str
     subgraphs: list[dict]
     schedules: dict[str, str] = field(default_factory=dict)
+    unsupported: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"model": self.model, "subgraphs": self.subgraphs, "schedules": self.schedules}
+        return {"model": self.model, "subgraphs": self.subgraphs, "schedules": self.schedules,
+                "unsupported": self.unsupported}
 
     def text(self) -> str:
         lines = [f"model {self.model}: {len(self.subgraphs)} distinct subgraph(s)"]
+        for u in self.unsupported:
+            lines.append(f"  (subgraph {u['name']} runs in the reference interpreter: {u['reason']})")
         for s in self.subgraphs:
             lines.append("")
             lines.append(f"subgraph {s['name']}  key={s['key']}  weight={s['weight']}  kind={s['kind']}")
@@ -196,7 +221,8 @@ def inspect_model(model: Any, schedule: bool = False, tuning_log: Any = None, ta
             "outputs": [_shape_text(s) for s in flat_shapes(sg.computation.root_instruction.shape)],
             "compute": str(wl.compute),
         }
-    report = InspectReport(m.name, list(seen.values()))
+    report = InspectReport(m.name, list(seen.values()),
+                           unsupported=[{"name": sg.name, "reason": why} for sg, why in fe.unsupported])
     if schedule:
         from .executable import plan_schedules
 

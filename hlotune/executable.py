@@ -131,6 +131,7 @@ class Executable:
                 config.debug(3, "schedule for %s (%s): %s", wl.key, choices[wl.key].source, choices[wl.key].steps)
             self._subgraphs[sg.name] = CompiledSubgraph(sg, choices[wl.key], self.target)
         self._choices = choices
+        self._interpreted = {sg.name: sg.computation for sg, _ in fe.unsupported}
         self._glue = fe.program.module.entry_computation
         self._params = self._glue.parameters
         self._module = fe.program.module
@@ -163,6 +164,9 @@ class Executable:
         for inst in self._glue.instructions:
             if inst.op is Op.PARAMETER:
                 env[inst.name] = args[inst.attr("parameter_number")]
+            elif inst.op is Op.FUSION and inst.name in self._interpreted:
+                env[inst.name] = evaluate_computation(self._module, self._interpreted[inst.name],
+                                                      [env[o] for o in inst.operands])
             elif inst.op is Op.FUSION:
                 env[inst.name] = self._subgraphs[inst.name].run([env[o] for o in inst.operands])
             elif inst.op is Op.TUPLE:
@@ -182,11 +186,15 @@ class Executable:
         lines = [f"{self.model.name}: {len(self._subgraphs)} subgraph(s), compiled in {self.compile_s:.2f} s"]
         for name, cs in self._subgraphs.items():
             lines.append(f"  {name:32s} {cs.key}  {cs.choice.source}")
+        for name in self._interpreted:
+            lines.append(f"  {name:32s} {'-':24s}  reference interpreter (no compute definition)")
         return "\n".join(lines)
 
     def sources(self) -> dict[str, str]:
         """subgraph name -> where its schedule came from."""
-        return {name: cs.choice.source for name, cs in self._subgraphs.items()}
+        out = {name: cs.choice.source for name, cs in self._subgraphs.items()}
+        out.update({name: "interpreter" for name in self._interpreted})
+        return out
 
 
 def _single_op_computation(glue, inst):

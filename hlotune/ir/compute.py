@@ -75,6 +75,8 @@ from .hlo import (
     literal_array,
 )
 
+#: float types whose sums and products accumulate in f32
+_NARROW_FLOATS = frozenset({DType.F16, DType.BF16})
 #: a multi-user instruction whose inlined expression is bigger than this is materialized
 _MAX_INLINE_NODES = 64
 
@@ -435,13 +437,20 @@ class _Builder:
             self.stages.append(Stage(name, axes, body, dtype))
             return name
         body, raxes, reducer, post = red(self, inst, axes)
-        if post is None:
+        wide = dtype in _NARROW_FLOATS and reducer.op in (Op.ADD, Op.MULTIPLY)
+        if post is None and not wide:
             self.stages.append(Stage(name, axes, body, dtype, raxes, reducer))
             return name
-        inner = self.fresh(base + "_red")
-        self.stages.append(Stage(inner, axes, body, dtype, raxes, reducer))
-        acc = Load(inner, tuple(a.var for a in axes), dtype)
-        self.stages.append(Stage(name, axes, post(acc), dtype))
+        if wide:  # f16/bf16 sums and products accumulate in f32 and round once, as XLA does
+            inner = self.fresh(base + "_acc")
+            self.stages.append(Stage(inner, axes, Cast(body, DType.F32), DType.F32, raxes,
+                                     Reducer(Const(reducer.init.value, DType.F32), op=reducer.op)))
+            acc: Expr = Cast(Load(inner, tuple(a.var for a in axes), DType.F32), dtype)
+        else:
+            inner = self.fresh(base + "_red")
+            self.stages.append(Stage(inner, axes, body, dtype, raxes, reducer))
+            acc = Load(inner, tuple(a.var for a in axes), dtype)
+        self.stages.append(Stage(name, axes, post(acc) if post is not None else acc, dtype))
         return name
 
     def copy_stage(self, base: str, src: str, inst: Instruction) -> str:
