@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench bench-env clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,8 +26,18 @@ lint: install
 test: install lint
 	$(BIN)/python -m pytest -q -x --durations=15 tests
 
-bench: install
+# the benchmark's side environment: JAX (CPU) to measure XLA in the same run; never a dependency of hlotune
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.installed:
+	$(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install -q 'jax==0.10.2' 'jaxlib==0.10.2' numpy
+	touch $@
+
+bench-env: $(BENCH_VENV)/.installed
+
+bench: install bench-env
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) build *.egg-info .pytest_cache

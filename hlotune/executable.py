@@ -105,10 +105,15 @@ class CompiledSubgraph:
         self.is_tuple = sg.computation.root_instruction.shape.is_tuple()
         self.in_specs = [(b.dtype.np, b.shape) for b in self.func.inputs[: self.n_params]]
 
-    def run(self, args: Sequence[np.ndarray]):
-        ins = [np.ascontiguousarray(a, dtype=dt).reshape(shape) for a, (dt, shape) in zip(args, self.in_specs)]
-        self.kernel(*ins, *self.consts, *self.outputs)
-        return tuple(self.outputs) if self.is_tuple else self.outputs[0]
+    def run(self, args: Sequence[np.ndarray], fresh: frozenset[int] = frozenset()):
+        """Run on `args`; outputs numbered in `fresh` go to new arrays (they leave the executable),
+        the others to the buffers allocated once."""
+        ins = [a if a.dtype == dt and a.shape == shape and a.flags.c_contiguous
+               else np.ascontiguousarray(a, dtype=dt).reshape(shape) for a, (dt, shape) in zip(args, self.in_specs)]
+        outs = self.outputs if not fresh else [np.empty_like(o) if k in fresh else o
+                                               for k, o in enumerate(self.outputs)]
+        self.kernel(*ins, *self.consts, *outs)
+        return tuple(outs) if self.is_tuple else outs[0]
 
 
 class Executable:
@@ -135,6 +140,7 @@ class Executable:
         self._glue = fe.program.module.entry_computation
         self._params = self._glue.parameters
         self._module = fe.program.module
+        self._fresh = _outputs_reaching_root(self._glue)
         self._mini = {i.name: _single_op_computation(self._glue, i) for i in self._glue.instructions
                       if i.op not in (Op.PARAMETER, Op.FUSION, Op.TUPLE, Op.GET_TUPLE_ELEMENT)}
         self.compile_s = time.perf_counter() - t0
@@ -161,6 +167,7 @@ class Executable:
 
         args = self._check(arrays)
         env: dict[str, Any] = {}
+        fresh_ids: set[int] = set()
         for inst in self._glue.instructions:
             if inst.op is Op.PARAMETER:
                 env[inst.name] = args[inst.attr("parameter_number")]
@@ -168,7 +175,10 @@ class Executable:
                 env[inst.name] = evaluate_computation(self._module, self._interpreted[inst.name],
                                                       [env[o] for o in inst.operands])
             elif inst.op is Op.FUSION:
-                env[inst.name] = self._subgraphs[inst.name].run([env[o] for o in inst.operands])
+                fresh = self._fresh.get(inst.name, frozenset())
+                val = env[inst.name] = self._subgraphs[inst.name].run([env[o] for o in inst.operands], fresh)
+                fresh_ids.update(id(v) for k, v in enumerate(val if isinstance(val, tuple) else (val,))
+                                 if k in fresh)
             elif inst.op is Op.TUPLE:
                 env[inst.name] = tuple(env[o] for o in inst.operands)
             elif inst.op is Op.GET_TUPLE_ELEMENT:
@@ -179,7 +189,14 @@ class Executable:
         root = env[self._glue.root]
         leaves = _flatten(root)
         shapes = flat_shapes(self._glue.root_instruction.shape)
-        return tuple(np.array(x, dtype=s.dtype.np, copy=True).reshape(s.dims) for x, s in zip(leaves, shapes))
+        out, taken = [], set()
+        for x, s in zip(leaves, shapes):  # fresh fusion outputs are handed over; anything else is copied
+            if id(x) in fresh_ids and id(x) not in taken:
+                taken.add(id(x))
+                out.append(x)
+            else:
+                out.append(np.array(x, dtype=s.dtype.np, copy=True).reshape(s.dims))
+        return tuple(out)
 
     def report(self) -> str:
         """Which schedule each subgraph uses, and the compile time."""
@@ -195,6 +212,25 @@ class Executable:
         out = {name: cs.choice.source for name, cs in self._subgraphs.items()}
         out.update({name: "interpreter" for name in self._interpreted})
         return out
+
+
+def _outputs_reaching_root(glue) -> dict[str, frozenset[int]]:
+    """fusion name -> indices of its outputs that are (part of) the model's result."""
+    out: dict[str, set[int]] = {}
+
+    def visit(name: str, index: int | None) -> None:
+        inst = glue[name]
+        if inst.op is Op.TUPLE:
+            for o in (inst.operands if index is None else (inst.operands[index],)):
+                visit(o, None)
+        elif inst.op is Op.GET_TUPLE_ELEMENT:
+            visit(inst.operands[0], inst.attr("index"))
+        elif inst.op is Op.FUSION:
+            n = len(flat_shapes(inst.shape))
+            out.setdefault(name, set()).update(range(n) if index is None else (index,))
+
+    visit(glue.root, None)
+    return {k: frozenset(v) for k, v in out.items()}
 
 
 def _single_op_computation(glue, inst):
