@@ -76,6 +76,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_db(args: argparse.Namespace) -> int:
     from .database.cli import run_db
 
+    if args.db_command == "verify":  # re-measure with the real compiler (builder + isolated runner)
+        from .measure.recheck import make_recheck
+
+        with make_recheck() as recheck:
+            return run_db(args, recheck=recheck)
     return run_db(args)
 
 
