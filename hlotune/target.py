@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import json
 import os
 from collections.abc import Callable
@@ -51,6 +52,8 @@ class Target:
     registers_per_block: int | None = None
     max_threads_per_block: int | None = None
     toolchain: str = ""                      # e.g. "cuda12.4"
+    memory_bytes: int | None = None          # device memory
+    driver_version: str = ""                 # e.g. "580.159" (CUDA driver API version for cuda, e.g. "13.0")
 
     # ---- construction ---------------------------------------------------------------------------
     @staticmethod
@@ -66,6 +69,12 @@ class Target:
             return Target.from_json(t)
         kind = {"host": "cpu", "llvm": "cpu", "gpu": "cuda"}.get(t.lower(), t.lower())
         det = _DETECTORS.get(kind)
+        if det is None and kind == "cuda":  # the CUDA backend registers its detector when imported
+            try:
+                importlib.import_module("hlotune.codegen.cuda_runtime")
+            except ImportError:
+                pass
+            det = _DETECTORS.get(kind)
         if det is None:
             if kind == "cuda":
                 raise UnsupportedError("target 'cuda' is not available (the CUDA backend is not loaded)")

@@ -28,10 +28,11 @@ from ..errors import ScheduleError
 from ..ir.expr import INDEX, Binary, ComputeDef, Const, Expr, Load, Var, substitute, walk
 from ..ir.hlo import DType, Op
 from .loop_ir import Allocate, BufferDecl, For, ForKind, If, LoopFunc, Seq, Stmt, Store, walk_stmts
-from .simplify import Ranges, from_linear, ic, lin_bounds, linear, simplify
+from .simplify import Ranges, bounds, from_linear, ic, lin_bounds, linear, simplify
 from .state import Iterator, StageState, State, check_attach, consumers, propagate, replay, root_exprs
 
 _NOVAR = Var("__reduce__", INDEX)
+_THREAD_KINDS = frozenset({ForKind.THREAD_X, ForKind.THREAD_Y, ForKind.THREAD_Z, ForKind.VTHREAD})
 
 
 @dataclass
@@ -208,10 +209,24 @@ class _Lowerer:
                 inner |= set(info.names.values())
         return inner
 
+    def _thread_vars_around(self, target: str, it: str) -> set[str]:
+        """Loop variables of the threadIdx / vthread loops enclosing loop `it` of `target` (and the
+        loops around `target`'s own attach point)."""
+        out: set[str] = set()
+        while True:
+            t = self.infos[target]
+            pos = t.st.iter_pos(it)
+            out |= {t.names[i.name] for i in t.st.iters[:pos + 1] if i.kind in _THREAD_KINDS}
+            if t.st.attach.kind != "at":
+                return out
+            target, it = t.st.attach.stage, t.st.attach.iter
+
     def _region(self, info: _Info) -> list[tuple[Expr, int]]:
         st = info.st
         target, it = st.attach.stage, st.attach.iter
         inner = self._inner_vars(target, it)
+        if st.scope == "shared":  # filled cooperatively by the whole block: relax the enclosing thread loops
+            inner |= self._thread_vars_around(target, it)
         accesses: list[tuple[Expr, ...]] = []
         for c in consumers(self.state, st.name):
             ci = self.infos[c]
@@ -239,8 +254,12 @@ class _Lowerer:
                     span = coef * self.ranges.get(atom.name, (0, 0))[1]
                     a += min(0, span)
                     b += max(0, span)
-                elif vs & inner:
-                    return full
+                elif vs & inner:  # e.g. f // 16 of a fused inner (or relaxed thread) loop
+                    bb = bounds(atom, self.ranges) if vs <= inner else None
+                    if bb is None:
+                        return full
+                    a += min(coef * bb[0], coef * bb[1])
+                    b += max(coef * bb[0], coef * bb[1])
                 else:
                     sym[k] = (atom, coef)
             sk = from_linear((sym, 0)).key

@@ -1,0 +1,825 @@
+"""Loop IR -> CUDA C source (one or more `__global__` kernels per LoopFunc).
+
+Map:
+  generate_cuda(func)       LoopFunc -> CudaSource (text, launches in order, global temporaries)
+  CudaSource / Launch       what the runtime needs: kernel names, grid/block, shared bytes, parameters
+  _split_kernels            the root of a LoopFunc: Allocates outside every nest become global temporaries
+                            (device workspace); each root nest (a Seq child) becomes its own kernel,
+                            launched in order (a stage's results are then visible to the next one)
+  _KernelPlan               per kernel: launch extents, loop checks, local->shared promotion, barriers
+  _insert_sync              __syncthreads() placement (read-after-write and write-after-read of shared
+                            buffers between uniform program points; loop-carried hazards via two passes)
+  _Emitter                  statements and expressions -> C text (helpers in PRELUDE)
+
+Semantics (the same as the CPU backend, `llvm_emit`):
+- A loop bound to blockIdx.* / threadIdx.* runs its iterations in parallel: the variable is the hardware
+  index; the launch extent of an axis is the largest loop bound to it in the kernel, and a smaller loop is
+  guarded (`if (threadIdx.x < n)`), unless it contains a barrier (then the extents must agree:
+  CompileError).  Two nested loops on one blockIdx axis are rejected; nested loops on one threadIdx axis
+  are allowed only when the inner nest writes shared buffers (a cooperative fetch, whose region the
+  lowering relaxes over the outer thread loops).
+- A store to a shared or global buffer outside the loops of some launched thread (block) axis runs in
+  thread (block) 0 of that axis only, so the sequential meaning is kept (e.g. the final combine of
+  rfactor partials).  Local buffers are per thread; a local buffer allocated outside a thread loop and
+  written inside one is promoted to shared memory (its elements are written by different threads).
+- VTHREAD loops are unrolled serial loops (no interleaving yet); PARALLEL loops are serial inside a kernel;
+  VECTORIZED and UNROLLED loops get `#pragma unroll`, and a serial loop under an `auto_unroll_max_step`
+  pragma too when its fully unrolled size (stores executed) is within the pragma.
+- Shared buffers are declared at kernel scope (static up to 48 KB in total, dynamic beyond); barriers are
+  only placed at uniform points (not under a thread-dependent `If` or a guarded thread loop).
+- Float arithmetic: nvcc's default (IEEE division and square root, FMA contraction like LLVM's `contract`);
+  max/min propagate NaN; compares are ordered except NE; float->int converts saturate (NaN -> 0); integer
+  division follows HLO (x/0 = -1, x%0 = x, MIN/-1 = MIN); bf16 lives in float registers and memory and is
+  rounded (nearest even) after every operation; f16 is `__half` in memory, float in registers, rounded back
+  after every operation.
+- Transcendentals (bounds of `vecmath.ULP_BOUNDS`): CUDA's float functions are used where their documented
+  maximum error is within the CPU bound (expm1f, logf, log1pf, sqrtf, tanhf, erff); exp, rsqrt, logistic,
+  sin, cos, atan2 and pow of float32 are evaluated in double and rounded (CUDA's float versions are
+  documented at 2-4 ulp, over the bound).  float64 uses CUDA's double functions (sin/cos: 2 ulp documented
+  against a 1.5 ulp CPU bound).
+- Index arithmetic is 32-bit when every buffer and loop extent is below 2**30, else 64-bit.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from ..errors import CompileError
+from ..ir.expr import INDEX, Binary, Cast, Compare, Const, Expr, Load, Select, Unary, Var, walk
+from ..ir.hlo import DType, Op
+from ..schedule_space.loop_ir import (
+    Allocate,
+    Barrier,
+    BufferDecl,
+    For,
+    ForKind,
+    If,
+    LoopFunc,
+    Seq,
+    Stmt,
+    Store,
+    walk_stmts,
+)
+
+STATIC_SHARED_LIMIT = 48 * 1024
+
+_BLOCK = {ForKind.BLOCK_X: 0, ForKind.BLOCK_Y: 1, ForKind.BLOCK_Z: 2}
+_THREAD = {ForKind.THREAD_X: 0, ForKind.THREAD_Y: 1, ForKind.THREAD_Z: 2}
+_AXIS = "xyz"
+
+_CTYPE = {DType.PRED: "bool", DType.S8: "signed char", DType.U8: "unsigned char", DType.S32: "int",
+          DType.U32: "unsigned int", DType.S64: "long long", DType.F16: "__half", DType.BF16: "float",
+          DType.F32: "float", DType.F64: "double"}
+_BYTES = {DType.PRED: 1, DType.S8: 1, DType.U8: 1, DType.S32: 4, DType.U32: 4, DType.S64: 8,
+          DType.F16: 2, DType.BF16: 4, DType.F32: 4, DType.F64: 8}
+_UNSIGNED = {DType.S8: "unsigned char", DType.S32: "unsigned int", DType.S64: "unsigned long long"}
+_INT_RANGE = {DType.S8: (-128, 127), DType.U8: (0, 255), DType.S32: (-(2 ** 31), 2 ** 31 - 1),
+              DType.U32: (0, 2 ** 32 - 1), DType.S64: (-(2 ** 63), 2 ** 63 - 1)}
+_CMP = {"EQ": "==", "NE": "!=", "LT": "<", "LE": "<=", "GT": ">", "GE": ">="}
+
+PRELUDE = r"""
+#define HL_INL __device__ __forceinline__
+HL_INL float hl_bf16(float v) {
+  unsigned b = __float_as_uint(v);
+  if (v != v) return __uint_as_float((b & 0xffff0000u) | 0x00400000u);
+  return __uint_as_float((b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u);
+}
+HL_INL float hl_f16(float v) { return __half2float(__float2half_rn(v)); }
+template <typename T> HL_INL T hl_fmax(T a, T b) { return (a > b || a != a) ? a : b; }
+template <typename T> HL_INL T hl_fmin(T a, T b) { return (a < b || a != a) ? a : b; }
+template <typename T> HL_INL T hl_imax(T a, T b) { return a > b ? a : b; }
+template <typename T> HL_INL T hl_imin(T a, T b) { return a < b ? a : b; }
+template <typename T> HL_INL T hl_sdiv(T a, T b, T mn) {
+  return b == 0 ? (T)-1 : (b == (T)-1 && a == mn) ? mn : (T)(a / b); }
+template <typename T> HL_INL T hl_srem(T a, T b) { return b == 0 ? a : b == (T)-1 ? (T)0 : (T)(a % b); }
+template <typename T> HL_INL T hl_udiv(T a, T b) { return b == 0 ? (T)~(T)0 : (T)(a / b); }
+template <typename T> HL_INL T hl_urem(T a, T b) { return b == 0 ? a : (T)(a % b); }
+template <typename T> HL_INL T hl_f2i(double x, double lo, double hi, T tlo, T thi) {
+  return x != x ? (T)0 : x <= lo ? tlo : x >= hi ? thi : (T)x; }
+template <typename T, typename U> HL_INL T hl_ipow(T a, T e, bool is_signed) {
+  T r = 1, b = a; U ex = (U)e;
+  for (int i = 0; i < (int)(sizeof(T) * 8); ++i) { if (ex & 1) r = (T)(r * b); b = (T)(b * b); ex >>= 1; }
+  if (is_signed && e < 0) return a == (T)1 ? (T)1 : a == (T)-1 ? ((e & 1) ? (T)-1 : (T)1) : (T)0;
+  return r; }
+template <typename T> HL_INL T hl_fsign(T x) { return x > (T)0 ? (T)1 : x < (T)0 ? (T)-1 : x; }
+HL_INL float hl_exp(float x) { return (float)exp((double)x); }
+HL_INL double hl_exp(double x) { return exp(x); }
+HL_INL float hl_expm1(float x) { return expm1f(x); }
+HL_INL double hl_expm1(double x) { return expm1(x); }
+HL_INL float hl_log(float x) { return logf(x); }
+HL_INL double hl_log(double x) { return log(x); }
+HL_INL float hl_log1p(float x) { return log1pf(x); }
+HL_INL double hl_log1p(double x) { return log1p(x); }
+HL_INL float hl_sqrt(float x) { return sqrtf(x); }
+HL_INL double hl_sqrt(double x) { return sqrt(x); }
+HL_INL float hl_rsqrt(float x) { return (float)(1.0 / sqrt((double)x)); }
+HL_INL double hl_rsqrt(double x) { return rsqrt(x); }
+HL_INL float hl_tanh(float x) { return tanhf(x); }
+HL_INL double hl_tanh(double x) { return tanh(x); }
+HL_INL float hl_logistic(float x) { return (float)(1.0 / (1.0 + exp(-(double)x))); }
+HL_INL double hl_logistic(double x) { return 1.0 / (1.0 + exp(-x)); }
+HL_INL float hl_sin(float x) { return (float)sin((double)x); }
+HL_INL double hl_sin(double x) { return sin(x); }
+HL_INL float hl_cos(float x) { return (float)cos((double)x); }
+HL_INL double hl_cos(double x) { return cos(x); }
+HL_INL float hl_erf(float x) { return erff(x); }
+HL_INL double hl_erf(double x) { return erf(x); }
+HL_INL float hl_atan2(float a, float b) { return (float)atan2((double)a, (double)b); }
+HL_INL double hl_atan2(double a, double b) { return atan2(a, b); }
+HL_INL float hl_pow(float a, float b) { return (float)pow((double)a, (double)b); }
+HL_INL double hl_pow(double a, double b) { return pow(a, b); }
+"""
+
+_MATH = {Op.EXP: "hl_exp", Op.EXPM1: "hl_expm1", Op.LOG: "hl_log", Op.LOG1P: "hl_log1p", Op.SQRT: "hl_sqrt",
+         Op.RSQRT: "hl_rsqrt", Op.TANH: "hl_tanh", Op.LOGISTIC: "hl_logistic", Op.SINE: "hl_sin",
+         Op.COSINE: "hl_cos", Op.ERF: "hl_erf", Op.ATAN2: "hl_atan2", Op.POWER: "hl_pow"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One `__global__` kernel of a CudaSource and how to launch it."""
+
+    name: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int            # static + dynamic
+    dynamic_shared_bytes: int    # to pass at launch (0 when all shared memory is static)
+    params: tuple[str, ...]      # buffer names, in argument order
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+@dataclass(frozen=True)
+class CudaSource:
+    """The CUDA C text of a LoopFunc: kernels launched in order over the function's buffers and the
+    global temporaries (`temps`, device workspace allocated by the runtime)."""
+
+    func: LoopFunc
+    text: str
+    launches: tuple[Launch, ...]
+    temps: tuple[BufferDecl, ...]
+    index_bits: int
+
+
+def ctype(dt: DType) -> str:
+    """The C type of one element of a buffer of `dt` in memory."""
+    return _CTYPE[dt]
+
+
+def _reg(dt: DType) -> str:
+    return "float" if dt in (DType.F16, DType.BF16) else _CTYPE[dt]
+
+
+def sanitize(name: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9_]", "_", name) or "k"
+    return s if not s[0].isdigit() else "k_" + s
+
+
+# ----------------------------------------------------------------------------- splitting into kernels
+
+def _split_kernels(body: Stmt, temps: list[Allocate], top: bool = True) -> list[Stmt]:
+    """Root nests (children of the root Seq, under the root Allocates) -> kernels."""
+    if isinstance(body, Seq) and top:
+        out: list[Stmt] = []
+        for s in body.body:
+            out += _split_kernels(s, temps, False)
+        return out
+    if isinstance(body, Allocate):
+        temps.append(body)
+        return _split_kernels(body.body, temps, top)
+    return [body]
+
+
+def _vars(e: Expr) -> set[str]:
+    return {n.name for n in walk(e) if isinstance(n, Var)}
+
+
+def _stmt_loads(s: Stmt) -> set[str]:
+    exprs: list[Expr] = []
+    if isinstance(s, Store):
+        exprs = [*s.indices, s.value]
+    elif isinstance(s, If):
+        exprs = [s.cond]
+    elif isinstance(s, For):
+        exprs = [s.min, s.extent]
+    return {n.buffer for e in exprs for n in walk(e) if isinstance(n, Load)}
+
+
+def _accesses(s: Stmt) -> tuple[set[str], set[str]]:
+    """(buffers read, buffers written) anywhere in `s`."""
+    r: set[str] = set()
+    w: set[str] = set()
+    for x in walk_stmts(s):
+        r |= _stmt_loads(x)
+        if isinstance(x, Store):
+            w.add(x.buffer)
+    return r, w
+
+
+def unroll_size(s: Stmt) -> float:
+    """Stores executed if `s` were fully unrolled; inf if not constant."""
+    if isinstance(s, Store):
+        return 1
+    if isinstance(s, Seq):
+        return sum(unroll_size(x) for x in s.body)
+    if isinstance(s, If):
+        return unroll_size(s.then) + (unroll_size(s.otherwise) if s.otherwise is not None else 0)
+    if isinstance(s, Allocate):
+        return unroll_size(s.body)
+    if isinstance(s, For):
+        n = s.const_extent
+        if n is None:
+            return math.inf
+        if s.kind in _BLOCK or s.kind in _THREAD:
+            return unroll_size(s.body)
+        return unroll_size(s.body) * n
+    return 0
+
+
+# ----------------------------------------------------------------------------- per-kernel analysis
+
+@dataclass
+class _KernelPlan:
+    grid: list[int] = field(default_factory=lambda: [1, 1, 1])
+    block: list[int] = field(default_factory=lambda: [1, 1, 1])
+    shared: dict[str, Allocate] = field(default_factory=dict)   # shared (and promoted) allocations
+    thread_vars: set[str] = field(default_factory=set)
+
+
+def _const_extent(f: For) -> int:
+    n = f.const_extent
+    if n is None or not (isinstance(f.min, Const) and f.min.value == 0):
+        raise CompileError(f"GPU-bound loop {f.var.name} needs min 0 and a constant extent")
+    return int(n)
+
+
+def _plan(kernel: Stmt, name: str) -> _KernelPlan:
+    p = _KernelPlan()
+
+    def visit(s: Stmt, bound_b: set[int], bound_t: set[int]) -> None:
+        if isinstance(s, For):
+            if s.kind in _BLOCK:
+                ax = _BLOCK[s.kind]
+                if ax in bound_b:
+                    raise CompileError(f"kernel {name}: loop {s.var.name} is bound to {s.kind.value} inside "
+                                       f"another loop bound to it")
+                p.grid[ax] = max(p.grid[ax], _const_extent(s))
+                return visit(s.body, bound_b | {ax}, bound_t)
+            if s.kind in _THREAD:
+                ax = _THREAD[s.kind]
+                if ax in bound_t:
+                    _, w = _accesses(s.body)
+                    local = {a.buffer for a in walk_stmts(kernel) if isinstance(a, Allocate) and a.scope == "local"}
+                    if w & local or any(x in w for x in _outputs_of(kernel)):
+                        raise CompileError(f"kernel {name}: loop {s.var.name} is bound to {s.kind.value} inside "
+                                           f"another loop bound to it, and writes more than shared buffers")
+                p.block[ax] = max(p.block[ax], _const_extent(s))
+                p.thread_vars.add(s.var.name)
+                return visit(s.body, bound_b, bound_t | {ax})
+            return visit(s.body, bound_b, bound_t)
+        if isinstance(s, Allocate) and s.scope == "shared":
+            p.shared[s.buffer] = s
+        for c in _children(s):
+            visit(c, bound_b, bound_t)
+
+    visit(kernel, set(), set())
+    _promote_locals(kernel, p)
+    return p
+
+
+def _outputs_of(kernel: Stmt) -> set[str]:
+    """Buffers written in `kernel` that are not allocated inside it (outputs and global temporaries)."""
+    _, w = _accesses(kernel)
+    inside = {a.buffer for a in walk_stmts(kernel) if isinstance(a, Allocate)}
+    return w - inside
+
+
+def _children(s: Stmt) -> tuple[Stmt, ...]:
+    if isinstance(s, For | Allocate):
+        return (s.body,)
+    if isinstance(s, Seq):
+        return s.body
+    if isinstance(s, If):
+        return (s.then,) if s.otherwise is None else (s.then, s.otherwise)
+    return ()
+
+
+def _promote_locals(kernel: Stmt, p: _KernelPlan) -> None:
+    """A local buffer allocated outside a thread loop (of a launched axis) and written inside it holds
+    elements of several threads: it goes to shared memory."""
+    def visit(s: Stmt, bound_t: frozenset[int]) -> None:
+        if isinstance(s, Allocate) and s.scope != "shared" and s.buffer not in p.shared:
+            if _written_under_new_thread_axis(s.body, s.buffer, bound_t, p):
+                p.shared[s.buffer] = s
+        if isinstance(s, For) and s.kind in _THREAD:
+            bound_t = bound_t | {_THREAD[s.kind]}
+        for c in _children(s):
+            visit(c, bound_t)
+    visit(kernel, frozenset())
+
+
+def _written_under_new_thread_axis(s: Stmt, buf: str, bound: frozenset[int], p: _KernelPlan) -> bool:
+    if isinstance(s, Store):
+        return False
+    if isinstance(s, For) and s.kind in _THREAD and _THREAD[s.kind] not in bound and p.block[_THREAD[s.kind]] > 1:
+        return any(isinstance(x, Store) and x.buffer == buf for x in walk_stmts(s.body))
+    return any(_written_under_new_thread_axis(c, buf, bound, p) for c in _children(s))
+
+
+# ----------------------------------------------------------------------------- barriers
+
+def _uniform_cond(e: Expr, p: _KernelPlan) -> bool:
+    return not (_vars(e) & p.thread_vars) and not any(isinstance(n, Load) for n in walk(e))
+
+
+def _full_thread_loop(s: For, p: _KernelPlan) -> bool:
+    return s.kind in _THREAD and _const_extent(s) == p.block[_THREAD[s.kind]]
+
+
+def _insert_sync(s: Stmt, p: _KernelPlan, w: frozenset, r: frozenset,
+                 force: bool = False) -> tuple[Stmt, frozenset, frozenset]:
+    """Insert Barriers into `s` (at a uniform point, with shared buffers `w` written and `r` read since the
+    last barrier); returns the new statement and the sets after it.  `force`: treat every statement as
+    uniform (to find out whether a non-uniform one would need a barrier inside)."""
+    sh = set(p.shared)
+    uniform_if = isinstance(s, If) and _uniform_cond(s.cond, p)
+    compound = (isinstance(s, Seq | Allocate | If | For) if force else (isinstance(s, Seq | Allocate) or uniform_if
+                         or (isinstance(s, For) and (s.kind not in _THREAD or _full_thread_loop(s, p)))))
+    rr, ww = _accesses(s)
+    rr, ww = frozenset(rr & sh), frozenset(ww & sh)
+    if not rr and not ww:
+        return s, w, r
+    if ((rr & w) or (ww & r)) and not isinstance(s, Seq | Allocate):  # a barrier before the whole loop / if
+        s2, w2, r2 = (_insert_sync(s, p, frozenset(), frozenset(), force) if compound else (s, ww, rr))
+        return Seq((Barrier(), s2)), w2, r2
+    if not compound and not isinstance(s, Store | Barrier):
+        inner, _, _ = _insert_sync(s, p, frozenset(), frozenset(), force=True)
+        if any(isinstance(x, Barrier) for x in walk_stmts(inner)):
+            raise CompileError("a barrier is needed under thread-dependent control flow (a guarded or shorter "
+                               "thread loop, or a guard on a thread index)")
+    if not compound:
+        return s, w | ww, r | rr
+    if isinstance(s, Seq):
+        out = []
+        for c in s.body:
+            c2, w, r = _insert_sync(c, p, w, r, force)
+            out.append(c2)
+        return Seq(tuple(_flatten(out))), w, r
+    if isinstance(s, Allocate):
+        b, w, r = _insert_sync(s.body, p, w, r, force)
+        return Allocate(s.buffer, s.dtype, s.shape, s.scope, b), w, r
+    if isinstance(s, If):
+        t, w1, r1 = _insert_sync(s.then, p, w, r, force)
+        o, w2, r2 = (s.otherwise, w, r) if s.otherwise is None else _insert_sync(s.otherwise, p, w, r, force)
+        return If(s.cond, t, o), w1 | w2, r1 | r2
+    assert isinstance(s, For)
+    if s.kind in _THREAD or s.kind in _BLOCK:
+        b, w, r = _insert_sync(s.body, p, w, r, force)
+    else:  # sequential: the state after one iteration flows into the next
+        _, w1, r1 = _insert_sync(s.body, p, w, r, force)
+        b, w, r = _insert_sync(s.body, p, w | w1, r | r1, force)
+    return For(s.var, s.min, s.extent, s.kind, b, s.annotations), w, r
+
+
+def _flatten(stmts: list[Stmt]) -> list[Stmt]:
+    out: list[Stmt] = []
+    for s in stmts:
+        if isinstance(s, Seq):
+            out += _flatten(list(s.body))
+        else:
+            out.append(s)
+    return out
+
+
+def _check_barriers(s: Stmt, p: _KernelPlan, name: str, uniform: bool = True) -> None:
+    if isinstance(s, Barrier) and not uniform:
+        raise CompileError(f"kernel {name}: a barrier is needed under thread-dependent control flow "
+                           f"(a guarded or shorter thread loop, or a guard on a thread index)")
+    if isinstance(s, If):
+        uniform = uniform and _uniform_cond(s.cond, p)
+    if isinstance(s, For) and s.kind in _THREAD and not _full_thread_loop(s, p):
+        uniform = False
+    for c in _children(s):
+        _check_barriers(c, p, name, uniform)
+
+
+# ----------------------------------------------------------------------------- emission
+
+class _Emitter:
+    def __init__(self, name: str, bufs: dict[str, BufferDecl], plan: _KernelPlan, idx: str, cidx: str):
+        self.name = name
+        self.bufs = bufs           # name -> decl (params, temps, local/shared allocations)
+        self.plan = plan
+        self.idx = idx      # the C name of the index type (hl_idx)
+        self.cidx = cidx    # what it is: int or long long
+        self.lines: list[str] = []
+        self.unroll_max = 0
+        self.locals: set[str] = set()
+
+    def line(self, depth: int, text: str) -> None:
+        self.lines.append("  " * depth + text)
+
+    # ---- statements
+    def stmt(self, s: Stmt, d: int, bb: frozenset[int], bt: frozenset[int]) -> None:
+        if isinstance(s, Seq):
+            for x in s.body:
+                self.stmt(x, d, bb, bt)
+        elif isinstance(s, Store):
+            self.store(s, d, bb, bt)
+        elif isinstance(s, For):
+            self.for_(s, d, bb, bt)
+        elif isinstance(s, Allocate):
+            self.allocate(s, d, bb, bt)
+        elif isinstance(s, If):
+            self.line(d, f"if ({self.expr(s.cond)}) {{")
+            self.stmt(s.then, d + 1, bb, bt)
+            if s.otherwise is not None:
+                self.line(d, "} else {")
+                self.stmt(s.otherwise, d + 1, bb, bt)
+            self.line(d, "}")
+        elif isinstance(s, Barrier):
+            self.line(d, "__syncthreads();")
+        else:
+            raise CompileError(f"cannot generate CUDA code for statement {type(s).__name__}")
+
+    def for_(self, s: For, d: int, bb: frozenset[int], bt: frozenset[int]) -> None:
+        v = sanitize(s.var.name)
+        if s.kind in _BLOCK or s.kind in _THREAD:
+            is_b = s.kind in _BLOCK
+            ax = _BLOCK[s.kind] if is_b else _THREAD[s.kind]
+            n = _const_extent(s)
+            hw = ("blockIdx." if is_b else "threadIdx.") + _AXIS[ax]
+            full = (self.plan.grid if is_b else self.plan.block)[ax]
+            self.line(d, "{")
+            self.line(d + 1, f"const {self.idx} {v} = ({self.idx}){hw};")
+            if n < full:
+                self.line(d + 1, f"if ({v} < {n}) {{")
+            nb, nt = (bb | {ax}, bt) if is_b else (bb, bt | {ax})
+            self.stmt(s.body, d + 2 if n < full else d + 1, nb, nt)
+            if n < full:
+                self.line(d + 1, "}")
+            self.line(d, "}")
+            return
+        ann = dict(s.annotations)
+        saved = self.unroll_max
+        if "auto_unroll_max_step" in ann:
+            self.unroll_max = int(ann["auto_unroll_max_step"])  # type: ignore[arg-type]
+        n = s.const_extent
+        if s.kind in (ForKind.UNROLLED, ForKind.VECTORIZED, ForKind.VTHREAD) or (
+                n is not None and 0 < self.unroll_max and unroll_size(s) <= self.unroll_max):
+            self.line(d, "#pragma unroll")
+        lo = self.expr(s.min)
+        hi = self.expr(s.extent)
+        end = hi if lo == "0" else f"({lo}) + ({hi})"
+        self.line(d, f"for ({self.idx} {v} = {lo}; {v} < {end}; ++{v}) {{")
+        self.stmt(s.body, d + 1, bb, bt)
+        self.line(d, "}")
+        self.unroll_max = saved
+
+    def allocate(self, s: Allocate, d: int, bb: frozenset[int], bt: frozenset[int]) -> None:
+        decl = BufferDecl(s.buffer, s.shape, s.dtype, "shared" if s.buffer in self.plan.shared else "local")
+        old = self.bufs.get(s.buffer)
+        self.bufs[s.buffer] = decl
+        if decl.scope == "local":
+            n = max(1, math.prod(s.shape))
+            self.line(d, "{")
+            self.line(d + 1, f"{ctype(s.dtype)} {sanitize(s.buffer)}[{n}];")
+            self.stmt(s.body, d + 1, bb, bt)
+            self.line(d, "}")
+        else:
+            self.stmt(s.body, d, bb, bt)
+        if old is None:
+            self.bufs.pop(s.buffer, None)
+        else:
+            self.bufs[s.buffer] = old
+
+    def store(self, s: Store, d: int, bb: frozenset[int], bt: frozenset[int]) -> None:
+        decl = self._decl(s.buffer)
+        val = self.expr(s.value)
+        if decl.dtype is DType.F16:
+            val = f"__float2half_rn({val})"
+        text = f"{sanitize(s.buffer)}[{self.offset(decl, s.indices)}] = {val};"
+        if decl.scope != "local":  # one writer per element: thread/block 0 of every unbound launched axis
+            conds = [f"threadIdx.{_AXIS[a]} == 0" for a in range(3) if a not in bt and self.plan.block[a] > 1]
+            conds += [f"blockIdx.{_AXIS[a]} == 0" for a in range(3) if a not in bb and self.plan.grid[a] > 1]
+            if conds:
+                text = f"if ({' && '.join(conds)}) {text}"
+        self.line(d, text)
+
+    def _decl(self, name: str) -> BufferDecl:
+        try:
+            return self.bufs[name]
+        except KeyError:
+            raise CompileError(f"buffer {name!r} is used but not declared (params or Allocate)") from None
+
+    def offset(self, decl: BufferDecl, indices: tuple[Expr, ...]) -> str:
+        if len(indices) != len(decl.shape):
+            raise CompileError(f"buffer {decl.name!r} has rank {len(decl.shape)} but is indexed with "
+                               f"{len(indices)} indices")
+        terms = []
+        stride = 1
+        for idx, n in zip(reversed(indices), reversed(decl.shape)):
+            if not (isinstance(idx, Const) and idx.value == 0):
+                t = self.expr(idx)
+                terms.append(t if stride == 1 else f"({t}) * {stride}")
+            stride *= max(int(n), 1)
+        return " + ".join(reversed(terms)) if terms else "0"
+
+    # ---- expressions (C text of the register type of e.dtype)
+    def expr(self, e: Expr) -> str:
+        if isinstance(e, Var):
+            return sanitize(e.name)
+        if isinstance(e, Const):
+            return const_text(e, self.cidx)
+        if isinstance(e, Load):
+            decl = self._decl(e.buffer)
+            t = f"{sanitize(e.buffer)}[{self.offset(decl, e.indices)}]"
+            return f"__half2float({t})" if decl.dtype is DType.F16 else t
+        if isinstance(e, Unary):
+            return self.unary(e)
+        if isinstance(e, Binary):
+            return self.binary(e)
+        if isinstance(e, Compare):
+            return f"({self.expr(e.a)} {_CMP[e.direction]} {self.expr(e.b)})"
+        if isinstance(e, Select):
+            return f"({self.expr(e.cond)} ? {self.expr(e.t)} : {self.expr(e.f)})"
+        if isinstance(e, Cast):
+            return self.convert(self.expr(e.a), e.a.dtype, e.dtype)
+        raise CompileError(f"cannot generate CUDA code for expression {type(e).__name__}")
+
+    def unary(self, e: Unary) -> str:
+        x, dt, src, op = self.expr(e.a), e.dtype, e.a.dtype, e.op
+        if op is Op.IS_FINITE:
+            return f"isfinite({x})"
+        if op is Op.NOT:
+            return f"(!{x})" if src is DType.PRED else f"(({_reg(dt)})~{x})"
+        if src.is_float:
+            rt = "double" if src is DType.F64 else "float"
+            if op is Op.NEGATE:
+                v = f"(-{x})"
+            elif op is Op.ABS:
+                v = f"fabs(({rt}){x})"
+            elif op in (Op.FLOOR, Op.CEIL, Op.ROUND_NEAREST_EVEN):
+                v = f"{ {Op.FLOOR: 'floor', Op.CEIL: 'ceil', Op.ROUND_NEAREST_EVEN: 'rint'}[op]}(({rt}){x})"
+            elif op is Op.SIGN:
+                v = f"hl_fsign<{rt}>({x})"
+            elif op in _MATH:
+                v = f"{_MATH[op]}(({rt}){x})"
+            else:
+                raise CompileError(f"unary op {op.value} is not supported on floats by the CUDA code generator")
+            return _round(dt, v)
+        t = _reg(dt)
+        if op is Op.NEGATE:
+            return f"(({t})(0u - ({_UNSIGNED[src]}){x}))" if src in _UNSIGNED else f"(({t})(0 - {x}))"
+        if op is Op.ABS:
+            return f"(({t})({x} < 0 ? -{x} : {x}))" if src in _UNSIGNED else x
+        if op in (Op.FLOOR, Op.CEIL, Op.ROUND_NEAREST_EVEN):
+            return x
+        if op is Op.SIGN:
+            return f"(({t})(({x} > 0) - ({x} < 0)))"
+        raise CompileError(f"unary op {op.value} is not supported on {src.value} by the CUDA code generator")
+
+    def binary(self, e: Binary) -> str:
+        a, b, dt, op = self.expr(e.a), self.expr(e.b), e.a.dtype, e.op
+        if dt is INDEX and e.dtype is INDEX and _is_index_expr(e):
+            return self._index_binary(e, a, b)
+        if dt.is_float:
+            rt = "double" if dt is DType.F64 else "float"
+            sym = {Op.ADD: "+", Op.SUBTRACT: "-", Op.MULTIPLY: "*", Op.DIVIDE: "/"}.get(op)
+            if sym is not None:
+                v = f"({a} {sym} {b})"
+            elif op is Op.REMAINDER:
+                v = f"fmod(({rt}){a}, ({rt}){b})"
+            elif op is Op.MAXIMUM:
+                v = f"hl_fmax<{rt}>({a}, {b})"
+            elif op is Op.MINIMUM:
+                v = f"hl_fmin<{rt}>({a}, {b})"
+            elif op in (Op.ATAN2, Op.POWER):
+                v = f"{_MATH[op]}(({rt}){a}, ({rt}){b})"
+            else:
+                raise CompileError(f"binary op {op.value} is not supported on floats by the CUDA code generator")
+            return _round(e.dtype, v)
+        if dt is DType.PRED:
+            if op in (Op.AND, Op.MULTIPLY, Op.MINIMUM):
+                return f"({a} && {b})"
+            if op in (Op.OR, Op.ADD, Op.MAXIMUM):
+                return f"({a} || {b})"
+            if op in (Op.XOR, Op.SUBTRACT):
+                return f"({a} != {b})"
+            raise CompileError(f"binary op {op.value} is not supported on pred by the CUDA code generator")
+        return self._int_binary(op, a, b, dt)
+
+    def _index_binary(self, e: Binary, a: str, b: str) -> str:
+        op = e.op
+        sym = {Op.ADD: "+", Op.SUBTRACT: "-", Op.MULTIPLY: "*"}.get(op)
+        if sym is not None:
+            return f"({a} {sym} {b})"
+        if op in (Op.DIVIDE, Op.REMAINDER) and isinstance(e.b, Const) and int(e.b.value) > 0:
+            return f"({a} {'/' if op is Op.DIVIDE else '%'} {b})"
+        if op is Op.MAXIMUM:
+            return f"hl_imax<{self.idx}>({a}, {b})"
+        if op is Op.MINIMUM:
+            return f"hl_imin<{self.idx}>({a}, {b})"
+        return self._int_binary(op, a, b, DType.S64)
+
+    def _int_binary(self, op: Op, a: str, b: str, dt: DType) -> str:
+        t = _reg(dt)
+        signed = dt in _UNSIGNED
+        ut = _UNSIGNED.get(dt, t)
+        if op in (Op.ADD, Op.SUBTRACT, Op.MULTIPLY):
+            sym = {Op.ADD: "+", Op.SUBTRACT: "-", Op.MULTIPLY: "*"}[op]
+            if dt in (DType.S8, DType.U8):
+                return f"(({t})({a} {sym} {b}))"
+            return f"(({t})(({ut}){a} {sym} ({ut}){b}))"
+        if op is Op.DIVIDE:
+            if signed:
+                return f"hl_sdiv<{t}>({a}, {b}, ({t}){_INT_RANGE[dt][0]}{'LL' if dt is DType.S64 else ''})"
+            return f"hl_udiv<{t}>({a}, {b})"
+        if op is Op.REMAINDER:
+            return f"hl_srem<{t}>({a}, {b})" if signed else f"hl_urem<{t}>({a}, {b})"
+        if op is Op.MAXIMUM:
+            return f"hl_imax<{t}>({a}, {b})"
+        if op is Op.MINIMUM:
+            return f"hl_imin<{t}>({a}, {b})"
+        if op in (Op.AND, Op.OR, Op.XOR):
+            return f"(({t})({a} {({Op.AND: '&', Op.OR: '|', Op.XOR: '^'})[op]} {b}))"
+        if op is Op.POWER:
+            return f"hl_ipow<{t}, {ut}>({a}, {b}, {'true' if signed else 'false'})"
+        raise CompileError(f"binary op {op.value} is not supported on {dt.value} by the CUDA code generator")
+
+    def convert(self, x: str, src: DType, dst: DType) -> str:
+        if src is dst:
+            return x
+        t = _reg(dst)
+        if dst is DType.PRED:
+            return f"({x} != 0)"
+        if src is DType.PRED:
+            return _round(dst, f"(({t})({x} ? 1 : 0))")
+        if src.is_float and dst.is_float:
+            if src is DType.F64 and dst in (DType.BF16, DType.F16):
+                x = f"((float){x})"
+            return _round(dst, f"(({t}){x})")
+        if src.is_float:
+            lo, hi = _INT_RANGE[dst]
+            sfx = "LL" if dst is DType.S64 else ("u" if dst is DType.U32 else "")
+            lo_t = f"({t})({lo}{sfx})" if lo != -(2 ** 63) else "(long long)(-9223372036854775807LL - 1)"
+            return f"hl_f2i<{t}>((double){x}, {float(lo)!r}, {float(hi)!r}, {lo_t}, ({t}){hi}{sfx})"
+        if dst.is_float:
+            return _round(dst, f"(({t}){x})")
+        return f"(({t}){x})"
+
+
+def _is_index_expr(e: Expr) -> bool:
+    return not any(isinstance(n, Load) or (n.dtype is not INDEX and not isinstance(n, Compare)) for n in walk(e))
+
+
+def _round(dt: DType, v: str) -> str:
+    if dt is DType.BF16:
+        return f"hl_bf16({v})"
+    if dt is DType.F16:
+        return f"hl_f16({v})"
+    return v
+
+
+def const_text(c: Const, idx: str = "long long") -> str:
+    """A C literal of `c` in its register type (exact)."""
+    dt = c.dtype
+    if dt is DType.PRED:
+        return "true" if c.value else "false"
+    if dt.is_float:
+        v = float(c.value)
+        if dt is DType.BF16:
+            import struct
+            b = struct.unpack("<I", struct.pack("<f", v))[0] if math.isfinite(v) else None
+            if b is not None:
+                b = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000) & 0xFFFFFFFF
+                v = struct.unpack("<f", struct.pack("<I", b))[0]
+        elif dt is DType.F16:
+            import numpy as np
+            with np.errstate(over="ignore"):
+                v = float(np.float16(v))
+        f64 = dt is DType.F64
+        if math.isnan(v):
+            return "__longlong_as_double(0x7ff8000000000000LL)" if f64 else "__int_as_float(0x7fc00000)"
+        if math.isinf(v):
+            if f64:
+                return f"__longlong_as_double({'0xfff0000000000000ULL' if v < 0 else '0x7ff0000000000000LL'})"
+            return f"__int_as_float({'(int)0xff800000u' if v < 0 else '0x7f800000'})"
+        if not f64:
+            import numpy as np
+            with np.errstate(over="ignore"):
+                v = float(np.float32(v))
+            if math.isinf(v):
+                return f"__int_as_float({'(int)0xff800000u' if v < 0 else '0x7f800000'})"
+            return f"{v.hex()}f" if v != 0 else ("-0.0f" if math.copysign(1, v) < 0 else "0.0f")
+        return v.hex() if v != 0 else ("-0.0" if math.copysign(1, v) < 0 else "0.0")
+    v = int(c.value)
+    if dt is INDEX:
+        return str(v) if idx == "int" and abs(v) < 2 ** 31 else f"{v}LL"
+    if dt is DType.U32:
+        return f"{v & 0xFFFFFFFF}u"
+    if dt is DType.S64:
+        return f"{v}LL" if v != -(2 ** 63) else "(-9223372036854775807LL - 1)"
+    if dt is DType.S32 and v == -(2 ** 31):
+        return "(-2147483647 - 1)"
+    return f"(({_reg(dt)}){v})"
+
+
+# ----------------------------------------------------------------------------- the module
+
+def _index_type(func: LoopFunc, temps: list[Allocate]) -> str:
+    sizes = [math.prod(b.shape) for b in func.params] + [math.prod(a.shape) for a in temps]
+    sizes += [math.prod(a.shape) for a in walk_stmts(func.body) if isinstance(a, Allocate)]
+    sizes += [int(f.const_extent or 2 ** 40) for f in walk_stmts(func.body) if isinstance(f, For)]
+    return "int" if max(sizes, default=0) < 2 ** 30 else "long long"
+
+
+def generate_cuda(func: LoopFunc) -> CudaSource:
+    """The CUDA C source of `func`: one `__global__` kernel per root nest, launched in order."""
+    temps: list[Allocate] = []
+    kernels = _split_kernels(func.body, temps)
+    idx = _index_type(func, temps)
+    base = sanitize(func.name)
+    head = ["// generated by hlotune (codegen.cuda)"]
+    head.append("#include <cuda_fp16.h>")
+    head.append(f"typedef {idx} hl_idx;")
+    head.append(PRELUDE)
+    params = {b.name: b for b in func.params}
+    params.update({a.buffer: BufferDecl(a.buffer, a.shape, a.dtype, "global") for a in temps})
+    inputs = {b.name for b in func.inputs}
+    launches = []
+    body_text = []
+    for k, kern in enumerate(kernels):
+        name = f"{base}_k{k}" if len(kernels) > 1 else base
+        text, launch = _kernel(name, kern, params, inputs, idx)
+        body_text.append(text)
+        launches.append(launch)
+    temp_decls = tuple(BufferDecl(a.buffer, a.shape, a.dtype, "global") for a in temps)
+    return CudaSource(func, "\n".join(head + body_text) + "\n", tuple(launches), temp_decls, 32 if idx == "int" else 64)
+
+
+def _stmt_exprs(s: Stmt):
+    if isinstance(s, Store):
+        yield from s.indices
+        yield s.value
+    elif isinstance(s, If):
+        yield s.cond
+
+
+def _sync(kern: Stmt, plan: _KernelPlan, name: str) -> Stmt:
+    try:
+        out, _, _ = _insert_sync(kern, plan, frozenset(), frozenset())
+    except CompileError as e:
+        raise CompileError(f"kernel {name}: {e.message}") from None
+    return out
+
+
+def _kernel(name: str, kern: Stmt, params: dict[str, BufferDecl], inputs: set[str], idx: str) -> tuple[str, Launch]:
+    plan = _plan(kern, name)
+    kern = _sync(kern, plan, name)
+    _check_barriers(kern, plan, name)
+    r, w = _accesses(kern)
+    allocated = {a.buffer for a in walk_stmts(kern) if isinstance(a, Allocate)}
+    used = [n for n in params if n in (r | w) and n not in allocated]
+    for n in w - allocated:
+        if n in inputs:
+            raise CompileError(f"kernel {name} writes its input {n!r}")
+    em = _Emitter(name, {n: params[n] for n in used}, plan, "hl_idx", idx)
+    threads = plan.block[0] * plan.block[1] * plan.block[2]
+    sig = []
+    for n in used:
+        d = params[n]
+        const = "const " if n in inputs else ""
+        sig.append(f"{const}{ctype(d.dtype)}* __restrict__ {sanitize(n)}")
+    # shared buffers at kernel scope
+    decls = []
+    off = 0
+    total = sum(_align16(max(1, math.prod(a.shape)) * _BYTES[a.dtype]) for a in plan.shared.values())
+    dynamic = total > STATIC_SHARED_LIMIT
+    if dynamic:
+        decls.append("extern __shared__ __align__(16) unsigned char hl_smem[];")
+    for a in plan.shared.values():
+        n = max(1, math.prod(a.shape))
+        if dynamic:
+            decls.append(f"{ctype(a.dtype)}* {sanitize(a.buffer)} = ({ctype(a.dtype)}*)(hl_smem + {off});")
+            off += _align16(n * _BYTES[a.dtype])
+        else:
+            decls.append(f"__shared__ __align__(16) {ctype(a.dtype)} {sanitize(a.buffer)}[{n}];")
+    lines = [f'extern "C" __global__ void __launch_bounds__({threads}) {name}({", ".join(sig)}) {{']
+    lines += ["  " + x for x in decls]
+    em.stmt(kern, 1, frozenset(), frozenset())
+    lines += em.lines
+    lines.append("}")
+    launch = Launch(name, tuple(plan.grid), tuple(plan.block), total, total if dynamic else 0, tuple(used))
+    return "\n".join(lines) + "\n", launch
+
+
+def _align16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+__all__ = ["generate_cuda", "CudaSource", "Launch", "ctype", "const_text", "PRELUDE"]

@@ -1,0 +1,459 @@
+"""Fast features: many schedules of one structure at once, without lowering each one.
+
+Map:
+  structure_key(schedule)        the steps with Split factors blanked: schedules with equal keys differ only
+                                 in tile sizes (what the sketch sampler and tile-size mutation produce)
+  Template.build(cd, steps)      from one representative: replay with tagged factors (so every split relation
+                                 knows which step factors it came from), lower it once (for the statement
+                                 list and arithmetic counts), and record the loop structure of every store
+  Template.nests(factors)        StoreNests for N candidates: extents, bound-inferred regions of attached
+                                 stages and index coefficients, all numpy over an (N, n_factors) matrix
+  batch_features(cd, schedules)  list of (S_i, NUM_FEATURES) arrays, one per schedule (groups by structure;
+                                 a structure the template cannot express -- rfactor, non-affine indices --
+                                 falls back to the exact path: lower + features_of_func)
+
+The template mirrors `schedule_space.lower`: a stage's nest is its attach chain plus its own iterators;
+a reduction has an init statement (space iterators after the first reduce one) then its update; an attached
+stage's region per dimension is the span of its consumers' accesses over the loops inside the attach point
+(the whole dimension when that reaches the extent or goes through a fused loop).  Loops of extent 1 are kept
+with extent 1 (features ignore them).  Tests check that it equals the exact path on many schedules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import HlotuneError, ScheduleError
+from ..ir.expr import Binary, ComputeDef, Const, Expr, Load, Var, walk
+from ..ir.hlo import Op
+from ..schedule_space.lower import _Lowerer, lower
+from ..schedule_space.state import SplitRel, State, apply, consumers, init_state
+from ..schedule_space.steps import RFactor, Split
+from .features import (
+    NUM_FEATURES,
+    Access,
+    StoreNest,
+    _nbytes,
+    features_of_func,
+    log_scale,
+    nests_of_func,
+    store_features,
+)
+
+
+class Unsupported(Exception):
+    """The template cannot express this structure (the caller uses the exact path)."""
+
+
+class _Tag(int):
+    """An int that remembers which (step, position) split factors it is the product of."""
+
+    refs: tuple[tuple[int, int], ...] = ()
+
+    def __new__(cls, v: int, refs: tuple[tuple[int, int], ...]):
+        o = int.__new__(cls, v)
+        o.refs = refs
+        return o
+
+    def __mul__(self, o):
+        return _Tag(int(self) * int(o), self.refs + getattr(o, "refs", ()))
+
+    __rmul__ = __mul__
+
+
+def structure_key(steps) -> tuple:
+    """Hashable key of a schedule with its Split factors blanked (length and direction kept)."""
+    return tuple(("split", s.stage, s.iter, len(s.factors), s.inner_to_outer) if isinstance(s, Split) else s
+                 for s in getattr(steps, "steps", steps))
+
+
+def factor_matrix(schedules, refs: list[tuple[int, int]]) -> np.ndarray:
+    """(N, len(refs)) split factors of each schedule at the (step, position) references."""
+    if not refs:
+        return np.zeros((len(schedules), 0))
+    return np.array([[s.steps[i].factors[p] for i, p in refs] for s in schedules], dtype=np.float64)
+
+
+def _affine(e: Expr, axes: set[str]) -> tuple[dict[str, float], float] | None:
+    """e as (coefficients over root axis names, constant), or None when not affine."""
+    if isinstance(e, Var):
+        return ({e.name: 1.0}, 0.0) if e.name in axes else None
+    if isinstance(e, Const):
+        return {}, float(e.value)
+    if isinstance(e, Binary) and e.op in (Op.ADD, Op.SUBTRACT):
+        a, b = _affine(e.a, axes), _affine(e.b, axes)
+        if a is None or b is None:
+            return None
+        sg = 1.0 if e.op is Op.ADD else -1.0
+        c = dict(a[0])
+        for k, v in b[0].items():
+            c[k] = c.get(k, 0.0) + sg * v
+        return c, a[1] + sg * b[1]
+    if isinstance(e, Binary) and e.op is Op.MULTIPLY:
+        for x, k in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(k, Const):
+                r = _affine(x, axes)
+                if r is None:
+                    return None
+                return {n: v * float(k.value) for n, v in r[0].items()}, r[1] * float(k.value)
+    return None
+
+
+class Template:
+    """The loop structure of one schedule structure, instantiated for many factor choices with numpy."""
+
+    def __init__(self, cd: ComputeDef, state: State, refs: list[tuple[int, int]], rep_nests: list[StoreNest]):
+        self.cd, self.state, self.refs, self.rep = cd, state, refs, rep_nests
+        self.ref_col = {r: k for k, r in enumerate(refs)}
+        low = _Lowerer(state)
+        low._expand_inline()
+        self.order = low.order
+        self.bodies = {n: low.infos[n].body for n in self.order}
+        self.stages = {n: state.stage(n) for n in self.order}
+        self.inputs = {b.name: b for b in cd.inputs}
+        self.stores = self._store_list()
+        if len(self.stores) != len(rep_nests):
+            raise Unsupported("statement count differs from the lowered representative")
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def build(cd: ComputeDef, steps) -> Template:
+        steps = tuple(getattr(steps, "steps", steps))
+        if any(isinstance(s, RFactor) for s in steps):
+            raise Unsupported("rfactor bakes split factors into expressions")
+        refs: list[tuple[int, int]] = []
+        st = init_state(cd)
+        tagged = []
+        for i, s in enumerate(steps):
+            if isinstance(s, Split):
+                fs = []
+                for p, f in enumerate(s.factors):
+                    refs.append((i, p))
+                    fs.append(_Tag(int(f), ((i, p),)))
+                s = Split(s.stage, s.iter, tuple(fs), s.inner_to_outer)
+            st = apply(st, s)
+            tagged.append(s)
+        rep = nests_of_func(lower(cd, steps))
+        return Template(cd, st, refs, rep)
+
+    def _store_list(self) -> list[tuple[str, str, list[tuple[str, str, bool]]]]:
+        """(stage, "plain" | "init" | "update", loop refs (stage, iterator, is_init)) in program order."""
+        children: dict[tuple[str, str], list[str]] = {}
+        for n in self.order:
+            a = self.stages[n].attach
+            if a.kind == "at":
+                children.setdefault((a.stage, a.iter), []).append(n)
+        out: list = []
+        self.chain: dict[str, list[tuple[str, str, bool]]] = {}
+
+        def emit(n: str, chain: list) -> None:
+            self.chain[n] = chain
+            st = self.stages[n]
+            loops = list(chain)
+            its = st.iters
+            r = next((k for k, it in enumerate(its) if it.is_reduce), len(its))
+            is_red = st.op.is_reduction
+            for k, it in enumerate(its):
+                if is_red and k == r:
+                    init = loops + [(n, i.name, True) for i in its[r:] if not i.is_reduce]
+                    out.append((n, "init", init))
+                loops = loops + [(n, it.name, False)]
+                for c in children.get((n, it.name), []):
+                    emit(c, list(loops))
+            if is_red and r == len(its):
+                out.append((n, "init", list(loops)))
+            out.append((n, "update" if is_red else "plain", loops))
+
+        for n in self.order:
+            if self.stages[n].attach.kind == "root":
+                emit(n, [])
+        return out
+
+    # ------------------------------------------------------------------ numpy instantiation
+    def _val(self, f, F: np.ndarray, n: int) -> np.ndarray:
+        refs = getattr(f, "refs", ())
+        if not refs:
+            return np.full(n, float(f))
+        v = np.ones(n)
+        for r in refs:
+            v = v * F[:, self.ref_col[r]]
+        return v
+
+    def nests(self, F: np.ndarray) -> list[StoreNest]:
+        n = F.shape[0]
+        ext: dict[str, dict[str, np.ndarray]] = {}
+        rc: dict[str, dict[tuple[str, str], np.ndarray]] = {}     # stage -> loop ref -> (N, R) coef in root axes
+        fz: dict[str, dict[tuple[str, str], np.ndarray]] = {}     # same, True where reached through a fuse
+        mnc: dict[str, dict[tuple[str, str], np.ndarray]] = {}    # attached stage -> outer ref -> (N, D) region min
+        shapes: dict[str, np.ndarray] = {}
+        for b in self.cd.inputs:
+            shapes[b.name] = np.tile(np.array(b.shape, dtype=np.float64), (n, 1))
+        for name in reversed(self.order):
+            self._infer(name, F, n, ext, rc, fz, mnc, shapes)
+        out = []
+        for (stage, kind, loops), rep in zip(self.stores, self.rep):
+            out.append(self._nest(stage, kind, loops, rep, n, ext, rc, mnc, shapes))
+        return out
+
+    def _infer(self, name, F, n, ext, rc, fz, mnc, shapes) -> None:
+        st = self.stages[name]
+        op = st.op
+        axes = [a.name for a in op.axes] + [a.name for a in op.reduce_axes]
+        roots = {a.name: np.full(n, float(a.extent)) for a in op.axes + op.reduce_axes}
+        outer_coef: dict[tuple[str, str], np.ndarray] = {}
+        if st.attach.kind == "at":
+            region, outer_coef = self._region(name, n, ext, rc, fz)
+            for d, a in enumerate(op.axes):
+                roots[a.name] = region[:, d]
+        e = dict(roots)
+        for r in st.relations:
+            if isinstance(r, SplitRel):
+                p = e[r.parent]
+                if r.factor is not None:
+                    f = self._val(r.factor, F, n)
+                    e[r.inner], e[r.outer] = np.minimum(p, f), np.ceil(p / f)
+                else:
+                    f = self._val(r.nparts, F, n)
+                    e[r.outer], e[r.inner] = np.minimum(p, f), np.ceil(p / f)
+            else:
+                e[r.fused] = np.prod([e[q] for q in r.parents], axis=0)
+        ext[name] = e
+        # coefficients of the leaves in every node (reverse relations, as root_exprs)
+        val: dict[str, dict[str, np.ndarray]] = {it.name: {it.name: np.ones(n)} for it in st.iters}
+        fus: dict[str, set[str]] = {it.name: set() for it in st.iters}
+        for r in reversed(st.relations):
+            if isinstance(r, SplitRel):
+                d: dict[str, np.ndarray] = {}
+                for k, v in val.get(r.outer, {}).items():
+                    d[k] = d.get(k, 0) + v * e[r.inner]
+                for k, v in val.get(r.inner, {}).items():
+                    d[k] = d.get(k, 0) + v
+                val[r.parent] = d
+                fus[r.parent] = fus.get(r.outer, set()) | fus.get(r.inner, set())
+            else:
+                stride = np.ones(n)
+                for q in reversed(r.parents):
+                    val[q] = {k: np.where(e[q] == 1, 0.0, v / stride) for k, v in val.get(r.fused, {}).items()}
+                    fus[q] = fus.get(r.fused, set()) | set(val.get(r.fused, {}))
+                    stride = stride * e[q]
+        R = len(axes)
+        own: dict[tuple[str, str], np.ndarray] = {}
+        ownf: dict[tuple[str, str], np.ndarray] = {}
+        for it in st.iters:
+            m = np.zeros((n, R))
+            fm = np.zeros((n, R), dtype=bool)
+            for j, a in enumerate(axes):
+                c = val.get(a, {}).get(it.name)
+                if c is not None:
+                    m[:, j] = c
+                    fm[:, j] = it.name in fus.get(a, set())
+            own[(name, it.name)] = m
+            ownf[(name, it.name)] = fm
+        mn: dict[tuple[str, str], np.ndarray] = {}
+        for u, coef in outer_coef.items():           # coef: (N, D) over space axes
+            m = np.zeros((n, R))
+            m[:, : len(op.axes)] = coef
+            own[u] = m
+            ownf[u] = np.zeros((n, R), dtype=bool)
+            mn[u] = coef
+        rc[name], fz[name], mnc[name] = own, ownf, mn
+        is_out = name in self.cd.outputs
+        if st.attach.kind == "at":
+            shp = np.stack([roots[a.name] for a in op.axes], axis=1) if op.axes else np.zeros((n, 0))
+        else:
+            shp = np.tile(np.array(op.shape, dtype=np.float64), (n, 1))
+        for _axis, factor, offset in st.align:
+            if shp.shape[1]:
+                shp[:, -1] = shp[:, -1] + np.mod(offset - shp[:, -1], factor)
+        shapes[name] = shp
+        del is_out
+
+    def _inner_refs(self, target: str, it: str) -> set[tuple[str, str]]:
+        t = self.stages[target]
+        pos = t.iter_pos(it)
+        inner = {(target, i.name) for i in t.iters[pos + 1:]}
+        for n in self.order:
+            ch = self.chain.get(n, [])
+            if n != target and any(s == target and s_it == i.name for s, s_it, _ in ch for i in t.iters[pos:]):
+                inner |= {(n, i.name) for i in self.stages[n].iters}
+        return inner
+
+    def _access_coefs(self, stage: str, idx: tuple[Expr, ...], rc, n) -> tuple[dict, np.ndarray]:
+        """Per loop ref: (N, D) coefficient of each index dimension; and the (D,) constants."""
+        op = self.stages[stage].op
+        axes = [a.name for a in op.axes] + [a.name for a in op.reduce_axes]
+        pos = {a: j for j, a in enumerate(axes)}
+        A = np.zeros((len(idx), len(axes)))
+        const = np.zeros(len(idx))
+        for d, e in enumerate(idx):
+            r = _affine(e, set(axes))
+            if r is None:
+                raise Unsupported(f"index {e} of stage {stage} is not affine")
+            for a, v in r[0].items():
+                A[d, pos[a]] = v
+            const[d] = r[1]
+        return {u: m @ A.T for u, m in rc[stage].items()}, const, A
+
+    def _region(self, name: str, n: int, ext, rc, fz):
+        st = self.stages[name]
+        op = st.op
+        target, it = st.attach.stage, st.attach.iter
+        inner = self._inner_refs(target, it)
+        D = len(op.axes)
+        lo = np.full((n, D), np.inf)
+        hi = np.full((n, D), -np.inf)
+        full = np.zeros((n, D), dtype=bool)
+        first_outer: dict | None = None
+        first_A = None
+        for c in consumers(self.state, name):
+            for ld in walk(self.bodies[c]):
+                if not (isinstance(ld, Load) and ld.buffer == name):
+                    continue
+                coefs, const, A = self._access_coefs(c, ld.indices, rc, n)
+                a = np.tile(const, (n, 1))
+                b = a.copy()
+                for u, g in coefs.items():
+                    if u in inner:
+                        e_u = ext[u[0]][u[1]][:, None]
+                        span = g * (e_u - 1.0)
+                        a = a + np.minimum(0, span)
+                        b = b + np.maximum(0, span)
+                        via_fuse = (fz[c][u] @ (A.T != 0)) > 0
+                        full |= via_fuse & (g != 0) & (e_u > 1)
+                lo, hi = np.minimum(lo, a), np.maximum(hi, b)
+                if first_A is None:
+                    first_A = A
+                    first_outer = {u: g for u, g in coefs.items() if u not in inner}
+                elif not np.array_equal(first_A, A):
+                    full |= np.any(first_A != A, axis=1)[None, :]
+        extent = np.array([a.extent for a in op.axes], dtype=np.float64)[None, :]
+        if first_A is None:
+            return np.tile(extent, (n, 1)), {}
+        size = hi - lo + 1
+        full |= size >= extent
+        region = np.where(full, extent, size)
+        outer = {u: np.where(full, 0.0, g) for u, g in (first_outer or {}).items()}
+        return region, outer
+
+    def _nest(self, stage, kind, loops, rep: StoreNest, n, ext, rc, mnc, shapes) -> StoreNest:
+        st = self.stages[stage]
+        op = st.op
+        L = len(loops)
+        E = np.ones((n, L))
+        kinds = []
+        refs = []
+        for li, (s, it, _init) in enumerate(loops):
+            E[:, li] = ext[s][it]
+            iterator = self.stages[s].iters[self.stages[s].iter_pos(it)]
+            kinds.append(iterator.kind)
+            refs.append((s, it))
+        accs: list[tuple[str, int, np.ndarray, int]] = []
+        sidx = tuple(a.var for a in op.axes)
+        coefs, _c, _A = self._access_coefs(stage, sidx, rc, n)
+        accs.append((stage, 1, self._stack(coefs, refs, n, len(sidx), mnc.get(stage, {})), _nbytes(op.dtype)))
+        if kind != "init":
+            if kind == "update":
+                accs.append((stage, 0, accs[0][2], _nbytes(op.dtype)))
+            for ld in walk(self.bodies[stage]):
+                if isinstance(ld, Load):
+                    coefs, _c, _A = self._access_coefs(stage, ld.indices, rc, n)
+                    accs.append((ld.buffer, 0, self._stack(coefs, refs, n, len(ld.indices), mnc.get(ld.buffer, {})),
+                                 _nbytes(ld.dtype)))
+        accesses = self._merge(accs, shapes)
+        step = np.zeros(n)
+        for li, (s, it, _init) in enumerate(loops):
+            iterator = self.stages[s].iters[self.stages[s].iter_pos(it)]
+            v = dict(iterator.pragmas).get("auto_unroll_max_step")
+            if v is None:
+                continue
+            later = [lj for lj in range(li, L) if loops[lj][0] == s]
+            vis = np.any(E[:, later] > 1, axis=1)
+            step = np.maximum(step, np.where(vis, float(v), 0.0))
+        alloc = np.zeros((n, 4))
+        if stage not in self.cd.outputs:
+            size = np.prod(shapes[stage], axis=1) * _nbytes(op.dtype)
+            ch = self.chain.get(stage, [])
+            outer = np.prod([ext[s][it] for s, it, _ in ch], axis=0) if ch else np.ones(n)
+            local = (st.scope in ("global", "local")) if st.attach.kind == "at" else st.scope == "local"
+            alloc = np.stack([size, outer, np.prod(E, axis=1) / outer, np.full(n, float(local))], axis=1)
+        return StoreNest(tuple(kinds), E, rep.ops, accesses, step, alloc, rep.is_init, rep.is_update)
+
+    @staticmethod
+    def _stack(coefs: dict, refs: list, n: int, D: int, minus: dict) -> np.ndarray:
+        out = np.zeros((n, len(refs), D))
+        for li, u in enumerate(refs):
+            g = coefs.get(u)
+            if g is not None:
+                out[:, li] = g
+            m = minus.get(u)
+            if m is not None:
+                out[:, li] = out[:, li] - m
+        return out
+
+    @staticmethod
+    def _merge(accs, shapes) -> list[Access]:
+        by: dict[str, list] = {}
+        for buf, mode, coef, eb in accs:
+            if buf not in by:
+                by[buf] = [buf, mode, 0, coef, eb]
+                by[buf][2] = 1
+                continue
+            g = by[buf]
+            if g[1] != mode:
+                g[1] = 2
+            g[2] += 1
+            g[3] = np.where(np.abs(coef) > np.abs(g[3]), coef, g[3])
+        out = sorted(by.values(), key=lambda g: (g[1] == 0, g[0]))
+        return [Access(g[0], g[1], g[2], g[4], g[3], shapes[g[0]]) for g in out]
+
+
+# ----------------------------------------------------------------------------- batch API
+
+_TEMPLATES: dict[tuple, Template | None] = {}
+_MAX_TEMPLATES = 4096
+
+
+def _template(cd: ComputeDef, key_cd: str, sched) -> Template | None:
+    key = (key_cd, structure_key(sched))
+    if key not in _TEMPLATES:
+        if len(_TEMPLATES) >= _MAX_TEMPLATES:
+            _TEMPLATES.clear()
+        try:
+            _TEMPLATES[key] = Template.build(cd, sched)
+        except (Unsupported, ScheduleError):
+            _TEMPLATES[key] = None
+    return _TEMPLATES[key]
+
+
+def batch_features(cd: ComputeDef, schedules, workload_key: str | None = None) -> list[np.ndarray | None]:
+    """Log-scaled features (S_i, NUM_FEATURES) of each schedule (None for a schedule that does not lower).
+    Schedules sharing a structure are computed together with numpy from one template."""
+    key_cd = workload_key or cd.name + str(id(cd))
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(schedules):
+        groups.setdefault(structure_key(s), []).append(i)
+    out: list[np.ndarray | None] = [None] * len(schedules)
+    for _k, idx in groups.items():
+        scheds = [schedules[i] for i in idx]
+        tpl = _template(cd, key_cd, scheds[0])
+        if tpl is not None:
+            try:
+                F = factor_matrix(scheds, tpl.refs)
+                rows = [store_features(nst) for nst in tpl.nests(F)]
+                X = log_scale(np.stack(rows, axis=1)) if rows else np.zeros((len(idx), 0, NUM_FEATURES))
+                for j, i in enumerate(idx):
+                    out[i] = X[j]
+                continue
+            except Unsupported:
+                pass
+        for i in idx:
+            out[i] = exact_features(cd, schedules[i])
+    return out
+
+
+def exact_features(cd: ComputeDef, sched) -> np.ndarray | None:
+    """Exact path for one schedule: lower, then features_of_func (None when the schedule does not lower)."""
+    try:
+        return features_of_func(lower(cd, getattr(sched, "steps", sched)))
+    except HlotuneError:
+        return None

@@ -1,0 +1,462 @@
+"""Loop-nest features of a lowered candidate: one vector per store statement (Ansor's feature set).
+
+Map:
+  FEATURE_TABLE / FEATURE_NAMES   the features, in column order, with their meaning (the one table)
+  StoreNest, Access               one store statement for N candidates at once: its enclosing loops
+                                  (kinds; extents as an (N, L) array), arithmetic counts, buffer accesses
+                                  (per-loop index coefficients, buffer shapes) -- the common input of both paths
+  store_features(nest)            StoreNest -> (N, NUM_FEATURES) raw features (numpy, vectorized over N)
+  log_scale(x)                    sign(x) * log2(1 + |x|), applied to every column
+  nests_of_func(func)             exact path: walk a LoopFunc, one StoreNest (N=1) per Store
+  features_of_func(func)          exact path: (S, NUM_FEATURES) log-scaled features of a LoopFunc
+  (the fast path, many schedules of one structure at once, is in `fast_features.py`)
+
+Definitions (loops outermost first; only loops of extent > 1 count, so a loop of extent 1, which the
+lowering drops, changes no feature -- the fast path relies on it):
+- coefficient c[l, d]: how much index dimension d of an access moves per iteration of loop l (the
+  index is linearized: x // k gives 1/k, x % k and min/max clamps pass x through);
+  flat stride s[l] = sum_d c[l, d] * row-major stride of d, in elements.
+- touched region at level k (the loops k.. innermost): per dimension min(size_d, 1 + sum_{l>=k}
+  |c[l, d]| * (extent_l - 1)); unique elements = product over dimensions.
+- bytes = accesses x element size (accesses = product of all extents x number of accesses of the
+  buffer in the statement); unique_bytes = region at level 0 x element size;
+  lines = accesses / elements per line along the innermost loop with a non-zero stride
+  (min(line/stride bytes, extent), at least 1); unique_lines = region at level 0 with its last dimension
+  counted in lines.
+- reuse: walking from the innermost loop outwards, the first loop whose stride is 0 gives "loop
+  reuse" (reuse_ct = its extent, reuse_dis_iter = product of the loops inside it, reuse_dis_bytes =
+  the bytes all accesses of the statement touch inside it); else a buffer both read and written
+  ("serial reuse", count 1, distance 1); else none (zeros).
+- stride = |flat stride| of the innermost loop with a non-zero stride (0 if none).
+- arithmetic intensity curve: at each loop level k, flops inside k / unique bytes touched inside k;
+  sample j (1..10) is the value at the outermost level whose log2(flops inside) <= j/10 x log2(total flops).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..ir.expr import Binary, Cast, Compare, Const, Expr, Load, Select, Unary, Var
+from ..ir.hlo import DType, Op
+from ..schedule_space.loop_ir import Allocate, For, ForKind, If, LoopFunc, Seq, Store
+
+CACHE_LINE = 64
+TOP_BUFFERS = 5
+CURVE_SAMPLES = 10
+
+#: arithmetic kinds counted per statement (values are per store execution; features multiply by the loops)
+OP_KINDS = ("float_mad", "float_addsub", "float_mul", "float_divmod", "float_cmp", "float_math_func",
+            "float_other_func", "int_mad", "int_addsub", "int_mul", "int_divmod", "int_cmp", "int_math_func",
+            "int_other_func", "bool_op", "select_op")
+_OPK = {k: i for i, k in enumerate(OP_KINDS)}
+_MATH = {Op.EXP, Op.EXPM1, Op.LOG, Op.LOG1P, Op.LOGISTIC, Op.TANH, Op.SINE, Op.COSINE, Op.SQRT, Op.RSQRT,
+         Op.ERF, Op.POWER, Op.ATAN2}
+_BOOL = {Op.AND, Op.OR, Op.XOR, Op.NOT}
+_POSITIONS = ("none", "innermost", "inner", "outer")
+_ANN_KINDS = (("vec", ForKind.VECTORIZED), ("unroll", ForKind.UNROLLED), ("parallel", ForKind.PARALLEL))
+_GPU_KINDS = (ForKind.BLOCK_X, ForKind.BLOCK_Y, ForKind.BLOCK_Z, ForKind.THREAD_X, ForKind.THREAD_Y,
+              ForKind.THREAD_Z, ForKind.VTHREAD)
+_BUF_FEATURES = ("acc_read", "acc_write", "acc_readwrite", "bytes", "unique_bytes", "lines", "unique_lines",
+                 "reuse_none", "reuse_loop", "reuse_serial", "reuse_dis_iter", "reuse_dis_bytes", "reuse_ct",
+                 "bytes_d_reuse_ct", "unique_bytes_d_reuse_ct", "lines_d_reuse_ct", "unique_lines_d_reuse_ct",
+                 "stride")
+
+
+def _table() -> tuple[tuple[str, str], ...]:
+    rows = [(k, f"{k.replace('_', ' ')} operations: per-execution count x product of loop extents")
+            for k in OP_KINDS]
+    for name, _ in _ANN_KINDS:
+        rows += [(f"{name}_num", f"number of {name} loops"), (f"{name}_prod", f"product of {name} loop extents"),
+                 (f"{name}_len", f"extent of the innermost {name} loop")]
+        rows += [(f"{name}_pos_{p}", f"one-hot: innermost {name} loop is {p} (none / the innermost loop / in "
+                                     f"the inner half / in the outer half of the nest)") for p in _POSITIONS]
+    rows += [(f"gpu_{k.value}", f"product of the extents of loops bound to {k.value}") for k in _GPU_KINDS]
+    for b in range(TOP_BUFFERS):
+        rows += [(f"B{b}.{f}", f"buffer {b} (by bytes, descending): {f.replace('_', ' ')}") for f in _BUF_FEATURES]
+    rows += [(f"intensity_{j}", f"arithmetic intensity curve sample {j} (flops / unique bytes)")
+             for j in range(1, CURVE_SAMPLES + 1)]
+    rows += [("alloc_size", "bytes of the stored buffer when it is a temporary (else 0)"),
+             ("alloc_outer_prod", "product of the loop extents around the temporary's allocation"),
+             ("alloc_inner_prod", "product of the loop extents inside the allocation (its store count)"),
+             ("alloc_local", "1 when the stored buffer is a local (register/stack) temporary")]
+    rows += [("outer_prod", "product of all loop extents (executions of the statement)"),
+             ("num_loops", "number of loops of extent > 1 around the statement"),
+             ("auto_unroll_max_step", "auto_unroll_max_step pragma of the enclosing loops (max)"),
+             ("is_init", "1 for the init statement of a reduction"),
+             ("is_update", "1 for a statement that reads the element it writes (reduction update)")]
+    return tuple(rows)
+
+
+#: (name, meaning) of every feature, in column order
+FEATURE_TABLE: tuple[tuple[str, str], ...] = _table()
+FEATURE_NAMES: tuple[str, ...] = tuple(n for n, _ in FEATURE_TABLE)
+NUM_FEATURES = len(FEATURE_NAMES)
+_COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
+FEATURE_VERSION = 1
+
+
+@dataclass
+class Access:
+    """One buffer of a statement: `mode` 0 read, 1 write, 2 read+write; `count` accesses per execution;
+    `coef` (N, L, D) index coefficients per loop; `shape` (N, D) the buffer's shape."""
+
+    buffer: str
+    mode: int
+    count: int
+    elem_bytes: int
+    coef: np.ndarray
+    shape: np.ndarray
+
+
+@dataclass
+class StoreNest:
+    """One store statement for N candidates of one structure."""
+
+    kinds: tuple[ForKind, ...]
+    ext: np.ndarray                      # (N, L) loop extents
+    ops: np.ndarray                      # (len(OP_KINDS),) per execution
+    accesses: list[Access]
+    unroll_step: np.ndarray              # (N,)
+    alloc: np.ndarray                    # (N, 4): size bytes, outer prod, inner prod, local
+    is_init: bool = False
+    is_update: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+def log_scale(x: np.ndarray) -> np.ndarray:
+    """sign(x) * log2(1 + |x|), elementwise."""
+    return np.sign(x) * np.log2(1.0 + np.abs(x))
+
+
+# ----------------------------------------------------------------------------- the core
+
+def store_features(nest: StoreNest) -> np.ndarray:
+    """Raw (unscaled) features of one statement for N candidates: (N, NUM_FEATURES)."""
+    ext = np.asarray(nest.ext, dtype=np.float64)
+    n, nloops = ext.shape
+    out = np.zeros((n, NUM_FEATURES))
+    real = ext > 1
+    prod = np.prod(ext, axis=1) if nloops else np.ones(n)
+    out[:, : len(OP_KINDS)] = prod[:, None] * nest.ops[None, :]
+    rank = np.cumsum(real, axis=1) - 1          # index among real loops (outer first)
+    nreal = real.sum(axis=1)
+    for name, kind in _ANN_KINDS:
+        m = real & np.array([k is kind for k in nest.kinds], dtype=bool)[None, :]
+        out[:, _COL[f"{name}_num"]] = m.sum(axis=1)
+        out[:, _COL[f"{name}_prod"]] = np.prod(np.where(m, ext, 1.0), axis=1)
+        has = m.any(axis=1)
+        last = nloops - 1 - np.argmax(m[:, ::-1], axis=1) if nloops else np.zeros(n, int)
+        e_last = ext[np.arange(n), last] if nloops else np.zeros(n)
+        r_last = rank[np.arange(n), last] if nloops else np.zeros(n)
+        out[:, _COL[f"{name}_len"]] = np.where(has, e_last, 0)
+        innermost = has & (r_last == nreal - 1)
+        inner = has & ~innermost & (2 * (r_last + 1) > nreal)
+        out[:, _COL[f"{name}_pos_none"]] = ~has
+        out[:, _COL[f"{name}_pos_innermost"]] = innermost
+        out[:, _COL[f"{name}_pos_inner"]] = inner
+        out[:, _COL[f"{name}_pos_outer"]] = has & ~innermost & ~inner
+    for k in _GPU_KINDS:
+        m = real & np.array([kk is k for kk in nest.kinds], dtype=bool)[None, :]
+        out[:, _COL[f"gpu_{k.value}"]] = np.where(m.any(axis=1), np.prod(np.where(m, ext, 1.0), axis=1), 0.0)
+    _buffer_features(nest, ext, real, prod, out)
+    out[:, _COL["alloc_size"]:_COL["alloc_local"] + 1] = nest.alloc
+    out[:, _COL["outer_prod"]] = prod
+    out[:, _COL["num_loops"]] = nreal
+    out[:, _COL["auto_unroll_max_step"]] = nest.unroll_step
+    out[:, _COL["is_init"]] = float(nest.is_init)
+    out[:, _COL["is_update"]] = float(nest.is_update)
+    return out
+
+
+def _suffix_prod(ext: np.ndarray) -> np.ndarray:
+    """(N, L+1): product of extents of loops k.. innermost (column L = 1)."""
+    n, nl = ext.shape
+    out = np.ones((n, nl + 1))
+    for k in range(nl - 1, -1, -1):
+        out[:, k] = out[:, k + 1] * ext[:, k]
+    return out
+
+
+def _regions(acc: Access, ext: np.ndarray) -> np.ndarray:
+    """(N, L+1, D) touched extent per dimension at each level (column L: a single point)."""
+    span = np.abs(acc.coef) * (ext - 1.0)[:, :, None]          # (N, L, D)
+    n, nl, d = span.shape
+    cum = np.zeros((n, nl + 1, d))
+    cum[:, :nl] = np.cumsum(span[:, ::-1], axis=1)[:, ::-1]
+    return np.minimum(acc.shape[:, None, :], 1.0 + np.floor(cum + 1e-9))
+
+
+def _buffer_features(nest: StoreNest, ext: np.ndarray, real: np.ndarray, prod: np.ndarray, out: np.ndarray) -> None:
+    n, nl = ext.shape
+    accs = nest.accesses
+    if not accs:
+        return
+    suffix = _suffix_prod(ext)
+    rows = np.arange(n)
+    per = []   # per access: dict of (N,) arrays
+    uniq_levels = np.zeros((n, nl + 1))
+    for a in accs:
+        reg = _regions(a, ext)                                   # (N, L+1, D)
+        eb = float(a.elem_bytes)
+        uniq = np.prod(reg, axis=2)                              # (N, L+1) elements
+        last_lines = np.ceil(reg[:, :, -1] * eb / CACHE_LINE) if reg.shape[2] else np.ones((n, nl + 1))
+        ulines_lvl = np.prod(reg[:, :, :-1], axis=2) * last_lines if reg.shape[2] else last_lines
+        uniq_levels += uniq * eb
+        rowstride = _row_strides(a.shape)                        # (N, D)
+        stride = np.abs(np.einsum("nld,nd->nl", a.coef, rowstride)) if a.coef.size else np.zeros((n, nl))
+        moving = real & (stride > 1e-12)
+        has_mv = moving.any(axis=1)
+        inner_mv = nl - 1 - np.argmax(moving[:, ::-1], axis=1) if nl else np.zeros(n, int)
+        s_in = np.where(has_mv, stride[rows, inner_mv] if nl else 0.0, 0.0)
+        e_in = np.where(has_mv, ext[rows, inner_mv] if nl else 1.0, 1.0)
+        per_line = np.where(has_mv, np.clip(CACHE_LINE / np.maximum(s_in * eb, 1e-9), 1.0, e_in), 1.0)
+        accesses = prod * a.count
+        zero = real & ~(stride > 1e-12)
+        has_zero = zero.any(axis=1)
+        rl = nl - 1 - np.argmax(zero[:, ::-1], axis=1) if nl else np.zeros(n, int)
+        per.append(dict(bytes=accesses * eb, unique_bytes=uniq[:, 0] * eb, lines=accesses / per_line,
+                        unique_lines=ulines_lvl[:, 0], stride=s_in, has_zero=has_zero, rl=rl, mode=a.mode,
+                        uniq=uniq, eb=eb))
+    for p in per:
+        p["reuse_ct"] = np.where(p["has_zero"], ext[rows, p["rl"]] if nl else 0.0, 0.0)
+        p["dis_iter"] = np.where(p["has_zero"], suffix[rows, p["rl"] + 1] if nl else 0.0, 0.0)
+        inside = sum(q["uniq"][rows, np.minimum(p["rl"] + 1, nl)] * q["eb"] for q in per)
+        p["dis_bytes"] = np.where(p["has_zero"], inside, 0.0)
+        serial = ~p["has_zero"] & (p["mode"] == 2)
+        p["kind"] = np.where(p["has_zero"], 1, np.where(serial, 2, 0))
+        p["reuse_ct"] = np.where(serial, 1.0, p["reuse_ct"])
+        p["dis_iter"] = np.where(serial, 1.0, p["dis_iter"])
+        p["dis_bytes"] = np.where(serial, p["eb"], p["dis_bytes"])
+    byts = np.stack([p["bytes"] for p in per], axis=1)           # (N, B)
+    order = np.argsort(-byts, axis=1, kind="stable")[:, :TOP_BUFFERS]
+    base = _COL["B0.acc_read"]
+    nb = len(_BUF_FEATURES)
+    for slot in range(order.shape[1]):
+        idx = order[:, slot]
+        col = base + slot * nb
+
+        def pick(key: str, _idx=idx) -> np.ndarray:
+            cols = [np.broadcast_to(np.asarray(p[key], dtype=np.float64), (n,)) for p in per]
+            return np.stack(cols, axis=1)[rows, _idx]
+
+        mode = np.array([p["mode"] for p in per])[idx]
+        kind = pick("kind")
+        rc = pick("reuse_ct")
+        div = np.maximum(rc, 1.0)
+        vals = [mode == 0, mode == 1, mode == 2, pick("bytes"), pick("unique_bytes"), pick("lines"),
+                pick("unique_lines"), kind == 0, kind == 1, kind == 2, pick("dis_iter"), pick("dis_bytes"), rc,
+                pick("bytes") / div, pick("unique_bytes") / div, pick("lines") / div, pick("unique_lines") / div,
+                pick("stride")]
+        for j, v in enumerate(vals):
+            out[:, col + j] = v
+    flops = float(nest.ops.sum())
+    if flops > 0:
+        fl = flops * suffix                                      # (N, L+1) flops inside level k
+        inten = fl / np.maximum(uniq_levels, 1.0)
+        logf = np.log2(np.maximum(fl, 1.0))
+        total = logf[:, 0]
+        for j in range(1, CURVE_SAMPLES + 1):
+            thr = total * j / CURVE_SAMPLES + 1e-9
+            k = np.argmax(logf <= thr[:, None], axis=1)
+            out[:, _COL[f"intensity_{j}"]] = inten[rows, k]
+
+
+def _row_strides(shape: np.ndarray) -> np.ndarray:
+    n, d = shape.shape
+    out = np.ones((n, d))
+    for k in range(d - 2, -1, -1):
+        out[:, k] = out[:, k + 1] * shape[:, k + 1]
+    return out
+
+
+# ----------------------------------------------------------------------------- expressions
+
+def count_ops(e: Expr) -> np.ndarray:
+    """Arithmetic counts (OP_KINDS order) of a data expression; index arithmetic inside Loads is not counted.
+    A float add or subtract with a float multiply operand counts as one mad."""
+    out = np.zeros(len(OP_KINDS))
+    stack = [e]
+    fused: set[int] = set()
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Load | Var | Const):
+            continue
+        pre = "float" if x.dtype.is_float else "int"
+        if isinstance(x, Binary):
+            kids = (x.a, x.b)
+            if x.op in (Op.ADD, Op.SUBTRACT):
+                m = next((c for c in kids if isinstance(c, Binary) and c.op is Op.MULTIPLY and c.dtype == x.dtype
+                          and id(c) not in fused), None)
+                if m is not None and x.dtype is not DType.PRED:
+                    fused.add(id(m))
+                    out[_OPK[f"{pre}_mad"]] += 1
+                else:
+                    out[_OPK[_bin_kind(x, pre)]] += 1
+            elif not (x.op is Op.MULTIPLY and id(x) in fused):
+                out[_OPK[_bin_kind(x, pre)]] += 1
+            stack.extend(kids)
+        elif isinstance(x, Unary):
+            kind = "bool_op" if x.op in _BOOL else (f"{pre}_math_func" if x.op in _MATH else f"{pre}_other_func")
+            out[_OPK[kind]] += 1
+            stack.append(x.a)
+        elif isinstance(x, Compare):
+            out[_OPK[("float" if x.a.dtype.is_float else "int") + "_cmp"]] += 1
+            stack.extend((x.a, x.b))
+        elif isinstance(x, Select):
+            out[_OPK["select_op"]] += 1
+            stack.extend((x.cond, x.t, x.f))
+        elif isinstance(x, Cast):
+            stack.append(x.a)
+    return out
+
+
+def _bin_kind(x: Binary, pre: str) -> str:
+    if x.dtype is DType.PRED or x.op in _BOOL:
+        return "bool_op"
+    if x.op in (Op.ADD, Op.SUBTRACT):
+        return f"{pre}_addsub"
+    if x.op is Op.MULTIPLY:
+        return f"{pre}_mul"
+    if x.op in (Op.DIVIDE, Op.REMAINDER):
+        return f"{pre}_divmod"
+    if x.op in (Op.MAXIMUM, Op.MINIMUM):
+        return f"{pre}_cmp"
+    if x.op in _MATH:
+        return f"{pre}_math_func"
+    return f"{pre}_other_func"
+
+
+def lin_coefs(e: Expr) -> dict[str, float]:
+    """Coefficients of loop variables in an index expression (x // k -> 1/k; x % k, clamps pass x;
+    anything else non-linear: coefficient 1 for each variable inside)."""
+    if isinstance(e, Var):
+        return {e.name: 1.0}
+    if isinstance(e, Const):
+        return {}
+    if isinstance(e, Binary):
+        if e.op in (Op.ADD, Op.SUBTRACT):
+            a, b = lin_coefs(e.a), lin_coefs(e.b)
+            sg = 1.0 if e.op is Op.ADD else -1.0
+            for k, v in b.items():
+                a[k] = a.get(k, 0.0) + sg * v
+            return a
+        if e.op is Op.MULTIPLY:
+            if isinstance(e.b, Const):
+                return {k: v * float(e.b.value) for k, v in lin_coefs(e.a).items()}
+            if isinstance(e.a, Const):
+                return {k: v * float(e.a.value) for k, v in lin_coefs(e.b).items()}
+        if e.op is Op.DIVIDE and isinstance(e.b, Const) and e.b.value:
+            return {k: v / float(e.b.value) for k, v in lin_coefs(e.a).items()}
+        if e.op is Op.REMAINDER and isinstance(e.b, Const):
+            return lin_coefs(e.a)
+        if e.op in (Op.MAXIMUM, Op.MINIMUM):
+            if isinstance(e.b, Const):
+                return lin_coefs(e.a)
+            if isinstance(e.a, Const):
+                return lin_coefs(e.b)
+    from ..ir.expr import walk
+    return {x.name: 1.0 for x in walk(e) if isinstance(x, Var)}
+
+
+# ----------------------------------------------------------------------------- exact path
+
+def _merge(accs: list[tuple[str, int, tuple[Expr, ...], DType]]) -> list[tuple[str, int, int, list, DType]]:
+    """Group accesses by buffer: (buffer, mode, count, [indices...], dtype); write first, then by name."""
+    by: dict[str, list] = {}
+    for buf, mode, idx, dt in accs:
+        if buf not in by:
+            by[buf] = [buf, mode, 0, [], dt]
+        g = by[buf]
+        if g[1] != mode:
+            g[1] = 2
+        g[2] += 1
+        g[3].append(idx)
+    return sorted((tuple(g) for g in by.values()), key=lambda g: (g[1] == 0, g[0]))
+
+
+def nests_of_func(func: LoopFunc) -> list[StoreNest]:
+    """Exact path: one StoreNest (N = 1) per Store of `func`, in program order."""
+    shapes = {b.name: b.shape for b in func.params}
+    allocs: dict[str, tuple[tuple[int, ...], bool, float]] = {}
+    out: list[StoreNest] = []
+
+    def visit(s, loops: list[For]) -> None:
+        if isinstance(s, For):
+            visit(s.body, loops + [s])
+        elif isinstance(s, Seq):
+            for b in s.body:
+                visit(b, loops)
+        elif isinstance(s, If):
+            visit(s.then, loops)
+            if s.otherwise is not None:
+                visit(s.otherwise, loops)
+        elif isinstance(s, Allocate):
+            shapes[s.buffer] = s.shape
+            outer = float(np.prod([lp.const_extent or 1 for lp in loops])) if loops else 1.0
+            allocs[s.buffer] = (s.shape, s.scope == "local", outer, s.dtype)
+            visit(s.body, loops)
+        elif isinstance(s, Store):
+            out.append(_nest_of_store(s, loops, shapes, allocs, func))
+
+    visit(func.body, [])
+    return out
+
+
+def _dtype_of(func: LoopFunc, buf: str, allocs: dict) -> DType:
+    for b in func.params:
+        if b.name == buf:
+            return b.dtype
+    return allocs[buf][3]
+
+
+def _nest_of_store(st: Store, loops: list[For], shapes: dict, allocs: dict, func: LoopFunc) -> StoreNest:
+    accs = [(st.buffer, 1, st.indices, _dtype_of(func, st.buffer, allocs))]
+    from ..ir.expr import walk
+    for x in walk(st.value):
+        if isinstance(x, Load):
+            accs.append((x.buffer, 0, x.indices, x.dtype))
+    vars_ = [lp.var.name for lp in loops]
+    ext = np.array([[float(lp.const_extent or 1) for lp in loops]])
+    is_update = any(b == st.buffer and m == 0 for b, m, _, _ in accs)
+    accesses = []
+    for buf, mode, count, idxs, dt in _merge(accs):
+        shape = shapes[buf]
+        coef = np.zeros((1, len(loops), len(shape)))
+        for idx in idxs:
+            for d, e in enumerate(idx):
+                cs = lin_coefs(e)
+                for li, v in enumerate(vars_):
+                    c = cs.get(v, 0.0)
+                    if abs(c) > abs(coef[0, li, d]):
+                        coef[0, li, d] = c
+        accesses.append(Access(buf, mode, count, _nbytes(dt), coef,
+                               np.array([shape], dtype=np.float64).reshape(1, len(shape))))
+    step = 0
+    for lp in loops:
+        for k, v in lp.annotations:
+            if k == "auto_unroll_max_step":
+                step = max(step, int(v))
+    alloc = np.zeros((1, 4))
+    if st.buffer in allocs:
+        shape, local, outer, dt = allocs[st.buffer]
+        alloc[0] = (float(np.prod(shape)) * _nbytes(dt), outer, float(np.prod(ext)) / outer if outer else 0.0,
+                    float(local))
+    return StoreNest(tuple(lp.kind for lp in loops), ext, count_ops(st.value), accesses, np.array([float(step)]),
+                     alloc, is_init=isinstance(st.value, Const), is_update=is_update)
+
+
+def _nbytes(dt: DType) -> int:
+    try:
+        return int(dt.np.itemsize)
+    except Exception:  # noqa: BLE001 - pred and exotic types
+        return 1
+
+
+def features_of_func(func: LoopFunc) -> np.ndarray:
+    """Exact path: (S, NUM_FEATURES) log-scaled features, one row per Store of `func`."""
+    rows = [store_features(n)[0] for n in nests_of_func(func)]
+    if not rows:
+        return np.zeros((0, NUM_FEATURES))
+    return log_scale(np.stack(rows))

@@ -1,0 +1,316 @@
+"""Default GPU schedules: a sound heuristic per stage kind (correct first, reasonably fast second).
+
+Map:
+  default_gpu_schedule(cd, target) -> list[Step]   the whole compute definition
+  _tiled(O, Rd, ...)      dot / conv: a block tile of O per blockIdx.x, a thread grid (threadIdx.x) each
+                          computing an MR x NR register tile of Rd (local), Rd's reduction split by BK;
+                          for plain products of two inputs, shared-memory tiles of both (cache_read,
+                          cooperative fetch by all threads of the block at each BK step)
+  _row_reduction(R)       one block per output row: rfactor over threadIdx.x (partials in shared memory,
+                          combined by thread 0)
+  _column_reduction(R)    outputs spread over threads (serial reduction per thread; coalesced reads)
+  _full_reduction(R)      partial sums per (block, thread) into a global temporary, then one combine
+  _elementwise(S)         fuse, then blockIdx.x / several elements per thread (unrolled) / threadIdx.x
+
+Rules: non-output elementwise stages are inlined into their consumers (no kernel and no round trip
+through device memory); every other stage is a kernel of its own (lowered at root), except a tiled
+reduction computed inside its elementwise consumer's thread loop (Ansor's "fuse the consumer").
+"""
+
+from __future__ import annotations
+
+from ..ir.expr import Binary, ComputeDef, Load, Stage, walk
+from ..ir.hlo import Op
+from ..target import Target
+from .loop_ir import ForKind
+from .steps import (
+    Annotate,
+    CacheRead,
+    CacheWrite,
+    ComputeAt,
+    ComputeInline,
+    Fuse,
+    Reorder,
+    RFactor,
+    Split,
+    Step,
+)
+
+THREADS = 256          # threads per block of elementwise and reduction kernels
+MAX_THREADS = 1024
+
+
+def default_gpu_schedule(cd: ComputeDef, target: Target | None = None, rng=None) -> list[Step]:
+    """Steps of the default GPU schedule of `cd` (for a `cuda` target; the target only bounds threads).
+    With `rng` (a numpy Generator), tile sizes, threads and elements per thread are drawn at random among
+    legal choices instead (tests, and seeds for the search)."""
+    global _RNG
+    max_threads = (target.max_threads_per_block if target is not None and target.max_threads_per_block
+                   else MAX_THREADS)
+    threads = min(THREADS, max_threads)
+    _RNG = rng
+    try:
+        return _schedule(cd, max_threads, threads if rng is None else int(rng.choice([32, 64, 128, 256, 512])))
+    finally:
+        _RNG = None
+
+
+_RNG = None
+
+
+def _pick(default: int, n: int, cap: int) -> int:
+    """`default`, or with a random generator a random divisor of n that is at most cap."""
+    if _RNG is None:
+        return default
+    ds = [d for d in range(1, min(n, cap) + 1) if n % d == 0]
+    return int(_RNG.choice(ds))
+
+
+def _schedule(cd: ComputeDef, max_threads: int, threads: int) -> list[Step]:
+    cons = _consumers(cd)
+    steps: list[Step] = []
+    done: set[str] = set()
+    inlined = {s.name for s in cd.stages if not s.is_reduction and s.name not in cd.outputs}
+    for stage in reversed(cd.stages):
+        if stage.name in done or stage.name in inlined:
+            continue
+        done.add(stage.name)
+        prod = _fusable_producer(cd, stage, cons, inlined)
+        if prod is not None:
+            done.add(prod.name)
+            steps += _tiled(cd, stage.name, prod.name, stage.axes, prod, max_threads)
+        elif _is_tiled_reduction(stage):
+            steps.append(CacheWrite(stage.name, "local"))
+            steps += _tiled(cd, stage.name, stage.name + ".local", stage.axes, stage, max_threads)
+        elif stage.is_reduction:
+            steps += _reduction(stage, threads)
+        else:
+            steps += _elementwise(stage.name, stage.axes, threads)
+    return [ComputeInline(n) for n in sorted(inlined, key=lambda n: -_pos(cd, n))] + steps
+
+
+def _pos(cd: ComputeDef, name: str) -> int:
+    return [s.name for s in cd.stages].index(name)
+
+
+def _consumers(cd: ComputeDef) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {s.name: [] for s in cd.stages}
+    for s in cd.stages:
+        for n in {e.buffer for e in walk(s.body) if isinstance(e, Load)}:
+            if n in out:
+                out[n].append(s.name)
+    return out
+
+
+def _is_tiled_reduction(stage: Stage) -> bool:
+    """A dot- or conv-like reduction: a sum of products with two or more space axes."""
+    if not stage.is_reduction or len(stage.axes) < 2 or stage.reducer is None or stage.reducer.op is not Op.ADD:
+        return False
+    if stage.axes[-1].extent < 2 or stage.axes[-2].extent < 2:
+        return False
+    return any(isinstance(e, Binary) and e.op is Op.MULTIPLY for e in walk(stage.body))
+
+
+def _fusable_producer(cd: ComputeDef, stage: Stage, cons: dict[str, list[str]], inlined: set[str]) -> Stage | None:
+    if stage.is_reduction:
+        return None
+    for name in sorted({e.buffer for e in walk(stage.body) if isinstance(e, Load)}):
+        prod = cd.stage_by_name.get(name)
+        if (prod is not None and prod.name not in cd.outputs and cons[prod.name] == [stage.name]
+                and _is_tiled_reduction(prod) and prod.shape == stage.shape and _reads_same_point(stage, prod.name)):
+            return prod
+    return None
+
+
+def _reads_same_point(stage: Stage, buf: str) -> bool:
+    want = tuple(a.name for a in stage.axes)
+    for e in walk(stage.body):
+        if isinstance(e, Load) and e.buffer == buf:
+            if tuple(getattr(i, "name", None) for i in e.indices) != want:
+                return False
+    return True
+
+
+def _divisor_at_most(n: int, cap: int) -> int:
+    for d in range(max(1, min(n, cap)), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+def _work(stage: Stage) -> int:
+    n = 1
+    for a in stage.axes:
+        n *= a.extent
+    return n
+
+
+def _product_of_two_inputs(cd: ComputeDef, stage: Stage) -> tuple[str, str] | None:
+    """(A, B) when the body is exactly Load(A) * Load(B) of two different inputs (shared-memory tiles)."""
+    b = stage.body
+    names = {x.name for x in cd.inputs}
+    if (isinstance(b, Binary) and b.op is Op.MULTIPLY and isinstance(b.a, Load) and isinstance(b.b, Load)
+            and b.a.buffer in names and b.b.buffer in names and b.a.buffer != b.b.buffer):
+        return b.a.buffer, b.b.buffer
+    return None
+
+
+def _tile_sizes(I: int, J: int, K: int, max_threads: int) -> tuple[int, int, int, int, int]:
+    """(MR, NR, TI, TJ, BK): per-thread register tile, thread grid, reduction step (all divisors)."""
+    big = I * J >= 512 * 512
+    mr = _pick(_divisor_at_most(I, 8 if big else 4), I, 8)
+    nr = _pick(_divisor_at_most(J, 8 if big else 4), J, 8)
+    ti = _pick(_divisor_at_most(I // mr, 16), I // mr, 32)
+    tj = _pick(_divisor_at_most(J // nr, 16), J // nr, 32)
+    while ti * tj > max_threads:
+        ti = _divisor_at_most(ti, ti // 2)
+    bk = _pick(_divisor_at_most(K, 8), K, 16)
+    return mr, nr, ti, tj, bk
+
+
+def _tiled(cd: ComputeDef, out: str, red: str, axes, red_stage: Stage, max_threads: int) -> list[Step]:
+    *batch, ax_i, ax_j = list(axes)
+    k_axes = list(red_stage.reduce_axes)
+    K = 1
+    for a in k_axes:
+        K *= a.extent
+    mr, nr, ti, tj, bk = _tile_sizes(ax_i.extent, ax_j.extent, k_axes[-1].extent, max_threads)
+    i, j = ax_i.name, ax_j.name
+    steps: list[Step] = []
+    pair = _product_of_two_inputs(cd, red_stage)
+    if pair is not None:
+        steps += [CacheRead(pair[0], "shared", (red,)), CacheRead(pair[1], "shared", (red,))]
+    steps += [Split(out, i, (ti, mr)), Split(out, j, (tj, nr))]
+    blocks = [a.name for a in batch] + [f"{i}.0", f"{j}.0"]
+    steps.append(Reorder(out, tuple(blocks + [f"{i}.1", f"{j}.1", f"{i}.2", f"{j}.2"])))
+    steps += [Fuse(out, tuple(blocks)), Annotate(out, "@".join(blocks), ForKind.BLOCK_X)]
+    thr = f"{i}.1@{j}.1"
+    steps += [Fuse(out, (f"{i}.1", f"{j}.1")), Annotate(out, thr, ForKind.THREAD_X)]
+    steps += [Annotate(out, f"{i}.2", ForKind.UNROLLED), Annotate(out, f"{j}.2", ForKind.UNROLLED)]
+    steps.append(ComputeAt(red, out, thr))
+    klast = k_axes[-1].name
+    korder = [a.name for a in k_axes[:-1]]
+    if bk > 1 and k_axes[-1].extent > bk:
+        steps.append(Split(red, klast, (bk,)))
+        korder += [f"{klast}.0", f"{klast}.1"]
+        kin = f"{klast}.1"
+    else:
+        korder += [klast]
+        kin = klast
+    steps.append(Reorder(red, tuple([a.name for a in batch] + korder + [i, j])))
+    steps += [Annotate(red, kin, ForKind.UNROLLED), Annotate(red, i, ForKind.UNROLLED),
+              Annotate(red, j, ForKind.UNROLLED)]
+    if pair is not None:
+        at = korder[-2] if len(korder) >= 2 else None
+        nthreads = ti * tj
+        for src in pair:
+            sh = f"{src}.shared"
+            if at is None:
+                steps.append(ComputeAt(sh, red, korder[0] if korder else i))
+            else:
+                steps.append(ComputeAt(sh, red, at))
+            ax = [f"ax{d}" for d in range(len(_shape(cd, src)))]
+            fused = "@".join(ax)
+            if len(ax) > 1:
+                steps.append(Fuse(sh, tuple(ax)))
+            steps += [Split(sh, fused, (nthreads,)), Annotate(sh, f"{fused}.1", ForKind.THREAD_X)]
+    return steps
+
+
+def _shape(cd: ComputeDef, name: str) -> tuple[int, ...]:
+    for b in cd.inputs:
+        if b.name == name:
+            return b.shape
+    return cd.stage(name).shape
+
+
+def _contiguous_in(stage: Stage, axis: str) -> bool:
+    for e in walk(stage.body):
+        if isinstance(e, Load) and e.indices and getattr(e.indices[-1], "name", None) == axis:
+            return True
+    return False
+
+
+def _pow2_at_most(n: int, cap: int) -> int:
+    p = 1
+    while p * 2 <= min(n, cap):
+        p *= 2
+    return p
+
+
+def _reduction(stage: Stage, threads: int) -> list[Step]:
+    name = stage.name
+    space = [a.name for a in stage.axes]
+    red = [a.name for a in stage.reduce_axes]
+    rn = 1
+    for a in stage.reduce_axes:
+        rn *= a.extent
+    if not space:
+        return _full_reduction(stage, threads)
+    if _contiguous_in(stage, red[-1]) and rn >= 64:
+        return _row_reduction(name, space, red, rn, threads)
+    return _elementwise(name, stage.axes, threads)  # one thread per output, serial reduction
+
+
+def _fuse_all(name: str, iters: list[str]) -> tuple[list[Step], str]:
+    if len(iters) == 1:
+        return [], iters[0]
+    return [Fuse(name, tuple(iters))], "@".join(iters)
+
+
+def _row_reduction(name: str, space: list[str], red: list[str], rn: int, threads: int) -> list[Step]:
+    t = _pow2_at_most(rn, threads)
+    steps, r = _fuse_all(name, red)
+    steps += [Split(name, r, (t,)), RFactor(name, f"{r}.1")]
+    rf = name + ".rf"
+    fs, s = _fuse_all(name, space)
+    steps += fs + [Annotate(name, s, ForKind.BLOCK_X), ComputeAt(rf, name, s),
+                   Annotate(rf, f"{r}.1", ForKind.THREAD_X)]
+    return steps
+
+
+def _full_reduction(stage: Stage, threads: int) -> list[Step]:
+    name = stage.name
+    red = [a.name for a in stage.reduce_axes]
+    n = 1
+    for a in stage.reduce_axes:
+        n *= a.extent
+    if n < 4 * threads:
+        return []  # small: one thread
+    steps, r = _fuse_all(name, red)
+    t = _divisor_at_most(n, threads)
+    per = n // t
+    nblocks = _divisor_at_most(per, 264)          # about two blocks per SM of partials
+    serial = per // nblocks
+    steps += [Split(name, r, (serial, t)), Reorder(name, (f"{r}.0", f"{r}.2", f"{r}.1")),
+              Fuse(name, (f"{r}.0", f"{r}.2")), RFactor(name, f"{r}.0@{r}.2")]
+    rf = name + ".rf"
+    p = f"{r}.0@{r}.2"
+    steps += [Split(rf, p, (t,)), Annotate(rf, f"{p}.0", ForKind.BLOCK_X), Annotate(rf, f"{p}.1", ForKind.THREAD_X)]
+    if nblocks > 1:  # second level: one block of t threads sums the partials, then one thread
+        steps += [Split(name, p, (t,)), RFactor(name, f"{p}.1"), Annotate(name + ".rf_", f"{p}.1", ForKind.THREAD_X)]
+    return steps
+
+
+def _elementwise(name: str, axes, threads: int) -> list[Step]:
+    its = [a.name for a in axes]
+    if not its:
+        return []
+    n = 1
+    for a in axes:
+        n *= a.extent
+    steps, f = _fuse_all(name, its)
+    t = min(threads, n)
+    per = 4 if n >= t * 4 * 1024 else 1
+    if _RNG is not None:
+        per = int(_RNG.choice([1, 2, 4]))
+    if per > 1:
+        steps += [Split(name, f, (per, t)), Annotate(name, f"{f}.0", ForKind.BLOCK_X),
+                  Annotate(name, f"{f}.1", ForKind.UNROLLED), Annotate(name, f"{f}.2", ForKind.THREAD_X)]
+    else:
+        steps += [Split(name, f, (t,)), Annotate(name, f"{f}.0", ForKind.BLOCK_X),
+                  Annotate(name, f"{f}.1", ForKind.THREAD_X)]
+    return steps
+
+
+__all__ = ["default_gpu_schedule"]

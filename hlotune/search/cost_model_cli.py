@@ -1,0 +1,151 @@
+"""`hlotune cost-model train|eval`: train a cost model on tuning databases; evaluate one leave-one-workload-out.
+
+Map:
+  samples_from_db(spec, target=None)   tuning records -> cost_model.Sample list (workload and steps parsed)
+  evaluate_lowo(samples, make_model)   per held-out workload: train on the others, score its records
+  evaluate_model(model, samples)       per workload metrics of a given (pretrained) model
+  add_cost_model_parser(subparsers)    the argparse wiring (the lead calls it from cli.py)
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..cost_model.metrics import mean_metrics, task_metrics
+from ..cost_model.model import CostModel, RandomModel, Sample
+from ..errors import HlotuneError, InputError
+
+
+def samples_from_db(spec, target: str | None = None) -> list[Sample]:
+    """Every record of the database (valid ones with their costs, failed ones with none) as Samples."""
+    from ..database import open_database
+    from ..ir.workload import workload_from_json
+    from ..schedule_space.steps import Schedule, schedule_from_json
+
+    db = open_database(spec)
+    cds: dict[str, object] = {}
+    out: list[Sample] = []
+    try:
+        for r in db.records(target=target):
+            if r.workload_key not in cds:
+                text = r.workload or db.workload(r.workload_key)
+                if not text:
+                    continue
+                cds[r.workload_key] = workload_from_json(text)
+            d = json.loads(r.steps)
+            sched = schedule_from_json(d if isinstance(d, dict) else {"workload_key": r.workload_key, "steps": d})
+            sched = Schedule(r.workload_key, sched.steps)
+            out.append(Sample(r.workload_key, cds[r.workload_key], sched, tuple(r.costs) if r.valid else ()))
+    finally:
+        db.close()
+    return out
+
+
+class _T:
+    def __init__(self, key, compute):
+        self.key, self.compute = key, compute
+
+
+def _by_task(samples: list[Sample]) -> dict[str, list[Sample]]:
+    by: dict[str, list[Sample]] = {}
+    for s in samples:
+        by.setdefault(s.workload_key, []).append(s)
+    return by
+
+
+def _score(model, group: list[Sample]) -> dict[str, float]:
+    valid = [s for s in group if s.costs]
+    scores = model.predict(_T(valid[0].workload_key, valid[0].compute), [s.schedule for s in valid])
+    return task_metrics([s.cost for s in valid], scores)
+
+
+def evaluate_model(model, samples: list[Sample], min_records: int = 8) -> dict[str, dict[str, float]]:
+    """Metrics per workload (with at least `min_records` valid records) of `model` as it is."""
+    return {k: _score(model, g) for k, g in _by_task(samples).items()
+            if sum(1 for s in g if s.costs) >= min_records}
+
+
+def evaluate_lowo(samples: list[Sample], make_model=None, min_records: int = 8) -> dict[str, dict[str, float]]:
+    """Leave one workload out: for each workload, train a fresh model on all others and score it."""
+    make_model = make_model or (lambda: CostModel(seed=0))
+    by = _by_task(samples)
+    out = {}
+    for k, g in by.items():
+        if sum(1 for s in g if s.costs) < min_records:
+            continue
+        model = make_model()
+        model.fit([s for s in samples if s.workload_key != k])
+        out[k] = _score(model, g)
+    return out
+
+
+def _cmd_train(a) -> int:
+    samples = [s for spec in a.db for s in samples_from_db(spec, a.target)]
+    model = CostModel(seed=a.seed, mode=a.mode)
+    model.fit(samples)
+    if not model.trained:
+        raise InputError(f"too few usable records ({len(samples)}) to train a cost model")
+    model.save(a.output)
+    print(f"trained on {len(samples)} records of {len(_by_task(samples))} workloads -> {a.output}")
+    return 0
+
+
+def _cmd_eval(a) -> int:
+    samples = samples_from_db(a.db, a.target)
+    if a.model:
+        per = evaluate_model(CostModel.load(a.model), samples)
+        how = f"model {a.model}"
+    elif a.random:
+        per = evaluate_model(RandomModel(a.seed), samples)
+        how = "random model"
+    else:
+        per = evaluate_lowo(samples, lambda: CostModel(seed=a.seed, mode=a.mode))
+        how = "leave one workload out"
+    mean = mean_metrics(per)
+    if a.json:
+        print(json.dumps({"how": how, "per_task": per, "mean": mean}, indent=1))
+        return 0
+    print(f"{how}: {len(per)} workloads")
+    for k, m in per.items():
+        print(f"  {k}: " + "  ".join(f"{n} {v:.3f}" for n, v in m.items()))
+    print("mean: " + "  ".join(f"{n} {v:.3f}" for n, v in mean.items()))
+    return 0
+
+
+def add_cost_model_parser(subparsers) -> None:
+    """Add `cost-model train DB... -o PATH` and `cost-model eval DB [--model PATH]` to `subparsers`."""
+    p = subparsers.add_parser("cost-model", help="train / evaluate the learned cost model")
+    sub = p.add_subparsers(dest="cost_model_cmd", required=True)
+    t = sub.add_parser("train", help="train on one or more tuning databases and save the model")
+    t.add_argument("db", nargs="+", help="tuning databases (.db, .jsonl, URL)")
+    t.add_argument("-o", "--output", required=True, help="model file to write")
+    t.add_argument("--mode", choices=("packsum", "rank"), default="packsum")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--target", default=None, help="only records of this target fingerprint")
+    t.set_defaults(func=_guard(_cmd_train))
+    e = sub.add_parser("eval", help="pairwise accuracy and peak@k per workload (leave one workload out, or of "
+                                    "a saved model with --model)")
+    e.add_argument("db")
+    e.add_argument("--model", default=None, help="evaluate this saved model instead of leave-one-out training")
+    e.add_argument("--random", action="store_true", help="evaluate the random model (baseline)")
+    e.add_argument("--mode", choices=("packsum", "rank"), default="packsum")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--target", default=None)
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=_guard(_cmd_eval))
+
+
+def _guard(fn):
+    def run(a) -> int:
+        try:
+            return fn(a)
+        except HlotuneError:
+            raise
+        except (ValueError, KeyError) as e:
+            raise InputError(f"cost-model: {e}") from None
+    return run
+
+
+__all__ = ["add_cost_model_parser", "samples_from_db", "evaluate_lowo", "evaluate_model", "np"]

@@ -1,0 +1,113 @@
+"""Cost model: fit/predict/save/load round trip, bad model files, tiny training sets, ranking metrics
+against brute force and hand-computed values."""
+
+import itertools
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import hlotune
+from hlotune.cost_model.metrics import pairwise_accuracy, peak_at_k
+from hlotune.cost_model.model import CostModel, CostModelWarning, RandomModel, Sample
+from hlotune.cost_model.sampling import factor_variants
+from hlotune.errors import InputError
+from hlotune.schedule_space.default import default_schedule
+from hlotune.schedule_space.steps import Schedule
+from hlotune.target import Target
+from tests.conftest import model_path
+
+
+class _Task:
+    def __init__(self, key, compute):
+        self.key, self.compute = key, compute
+
+
+@pytest.fixture(scope="module")
+def data():
+    sg = hlotune.load_model(model_path("dense_bias_relu")).frontend.subgraphs[0]
+    cd, key = sg.workload.compute, sg.workload.key
+    rng = np.random.default_rng(0)
+    scheds = [Schedule(key, s) for s in factor_variants(cd, default_schedule(cd, Target.host_cpu()), rng, 60)]
+    # synthetic costs: a smooth function of the tile sizes (what the model must learn to rank)
+    costs = [1e-6 * (1 + sum(abs(np.log2(f) - 2) for st in s.steps if hasattr(st, "factors") for f in st.factors))
+             for s in scheds]
+    return _Task(key, cd), [Sample(key, cd, s, (c,)) for s, c in zip(scheds, costs)], scheds, costs
+
+
+def test_fit_predict_save_load(tmp_path, data):
+    task, samples, scheds, costs = data
+    m = CostModel(seed=3, rounds=30).fit(samples[:48])
+    assert m.trained
+    p = m.predict(task, scheds)
+    assert p.shape == (len(scheds),)
+    assert pairwise_accuracy(costs, p) > 0.7
+    path = tmp_path / "m.json"
+    m.save(path)
+    m2 = CostModel.load(path)
+    np.testing.assert_allclose(m2.predict(task, scheds), p, rtol=1e-6)
+    again = CostModel(seed=3, rounds=30).fit(samples[:48]).predict(task, scheds)
+    np.testing.assert_allclose(again, p)          # seeded: deterministic
+
+
+def test_bad_model_files(tmp_path, data):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(InputError, match="bad.json"):
+        CostModel.load(bad)
+    m = CostModel(seed=0, rounds=5).fit(data[1])
+    good = tmp_path / "good.json"
+    m.save(good)
+    doc = json.loads(good.read_text())
+    doc["version"] = 99
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match="version 99"):
+        CostModel.load(old)
+    doc["version"] = 1
+    doc["booster"] = "AAAA"
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match="broken.json"):
+        CostModel.load(broken)
+
+
+def test_tiny_training_set_stays_random(data):
+    task, samples, scheds, _ = data
+    m = CostModel(seed=0)
+    with pytest.warns(CostModelWarning):
+        m.fit(samples[:3])
+    assert not m.trained
+    assert m.predict(task, scheds).shape == (len(scheds),)
+    with pytest.warns(CostModelWarning):
+        CostModel(seed=0).fit([])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m.update(samples[3:5])                    # still too few: quietly random
+    assert not m.trained
+    r = RandomModel(1)
+    assert np.array_equal(r.predict(task, scheds), RandomModel(1).predict(task, scheds))
+
+
+def _pairwise_brute(c, s):
+    good = tot = 0.0
+    for i, j in itertools.permutations(range(len(c)), 2):
+        if c[i] < c[j]:
+            tot += 1
+            good += 1.0 if s[i] > s[j] else (0.5 if s[i] == s[j] else 0.0)
+    return good / tot
+
+
+def test_metrics():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        c = rng.integers(1, 6, 12).astype(float)
+        s = rng.integers(0, 4, 12).astype(float)
+        assert pairwise_accuracy(c, s) == pytest.approx(_pairwise_brute(c, s))
+    c = [4.0, 1.0, 2.0, 8.0]
+    assert pairwise_accuracy(c, [-4, -1, -2, -8]) == 1.0 and pairwise_accuracy(c, [4, 1, 2, 8]) == 0.0
+    s = [0.9, 0.1, 0.5, 0.8]        # ranking: 0, 3, 2, 1
+    assert peak_at_k(c, s, 1) == pytest.approx(1 / 4)
+    assert peak_at_k(c, s, 3) == pytest.approx(1 / 2)
+    assert peak_at_k(c, s, 4) == 1.0

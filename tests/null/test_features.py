@@ -1,0 +1,100 @@
+"""Cost-model features: hand-computed values on a hand-built matmul tile, log scaling, and the fast
+(template, numpy) path against the exact LoopFunc path on many schedules of the fixture subgraphs."""
+
+import numpy as np
+import pytest
+
+import hlotune
+from hlotune.cost_model.fast_features import batch_features, exact_features
+from hlotune.cost_model.features import FEATURE_NAMES, NUM_FEATURES, features_of_func, log_scale
+from hlotune.cost_model.sampling import factor_variants
+from hlotune.ir.expr import Binary, Const, Load, Var
+from hlotune.ir.hlo import DType, Op
+from hlotune.schedule_space.default import default_schedule
+from hlotune.schedule_space.loop_ir import BufferDecl, For, ForKind, LoopFunc, Store
+from hlotune.schedule_space.steps import Schedule
+from hlotune.target import Target
+from tests.conftest import model_path
+
+F32, I = DType.F32, DType.S64
+COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
+
+
+def _v(n):
+    return Var(n, I)
+
+
+def _matmul_func():
+    """C[i, j] += A[i, k] * B[k, j] over i < 8, j < 16 (vectorized), k < 32."""
+    i, j, k = _v("i"), _v("j"), _v("k")
+    upd = Store("C", (i, j), Binary(Op.ADD, Load("C", (i, j), F32),
+                                    Binary(Op.MULTIPLY, Load("A", (i, k), F32), Load("B", (k, j), F32), F32), F32))
+    body = For(i, Const(0, I), Const(8, I), ForKind.PARALLEL,
+               For(k, Const(0, I), Const(32, I), ForKind.SERIAL,
+                   For(j, Const(0, I), Const(16, I), ForKind.VECTORIZED, upd)))
+    return LoopFunc("mm", (BufferDecl("A", (8, 32), F32), BufferDecl("B", (32, 16), F32)),
+                    (BufferDecl("C", (8, 16), F32),), body)
+
+
+def _raw(x):
+    return np.sign(x) * (2.0 ** np.abs(x) - 1.0)
+
+
+def test_log_scale():
+    x = np.array([0.0, 1.0, 3.0, -7.0, 1023.0])
+    np.testing.assert_allclose(log_scale(x), [0, 1, 2, -3, 10])
+
+
+def test_matmul_tile_hand_computed():
+    X = features_of_func(_matmul_func())
+    assert X.shape == (1, NUM_FEATURES)
+    r = _raw(X[0])
+    n = 8 * 32 * 16
+
+    def f(name):
+        return round(float(r[COL[name]]), 6)
+
+    assert f("float_mad") == pytest.approx(n) and f("float_addsub") == 0 and f("float_mul") == 0
+    assert f("vec_len") == 16 and f("vec_pos_innermost") == 1 and f("parallel_prod") == 8
+    assert f("parallel_pos_outer") == 1 and f("num_loops") == 3 and f("outer_prod") == pytest.approx(n)
+    # buffers by bytes: C (read+write: 2 accesses), then A and B (ties: by name)
+    assert f("B0.acc_readwrite") == 1 and f("B0.bytes") == pytest.approx(2 * n * 4)
+    assert f("B0.unique_bytes") == pytest.approx(8 * 16 * 4)
+    assert f("B0.reuse_loop") == 1 and f("B0.reuse_ct") == pytest.approx(32)       # k does not move C
+    assert f("B0.reuse_dis_iter") == pytest.approx(16)
+    assert f("B0.stride") == 1 and f("B0.lines") == pytest.approx(2 * n / 16)
+    # A[i, k]: j does not move it -> reuse at the innermost loop, stride over k is 1
+    assert f("B1.acc_read") == 1 and f("B1.unique_bytes") == pytest.approx(8 * 32 * 4)
+    assert f("B1.reuse_ct") == pytest.approx(16) and f("B1.reuse_dis_iter") == pytest.approx(1)
+    assert f("B1.stride") == 1
+    # B[k, j]: unique 32 x 16, reused across i (outermost)
+    assert f("B2.unique_bytes") == pytest.approx(32 * 16 * 4) and f("B2.reuse_ct") == pytest.approx(8)
+    assert f("B2.reuse_dis_iter") == pytest.approx(32 * 16)
+    assert f("B2.unique_lines") == pytest.approx(32 * 1)
+
+
+def test_extent_one_loops_change_nothing():
+    fn = _matmul_func()
+    wrapped = LoopFunc(fn.name, fn.inputs, fn.outputs,
+                       For(_v("z"), Const(0, I), Const(1, I), ForKind.SERIAL, fn.body))
+    np.testing.assert_array_equal(features_of_func(fn), features_of_func(wrapped))
+
+
+_T = Target.host_cpu()
+
+
+@pytest.mark.parametrize("name,kind", [("dense_bias_relu", "hlo"), ("dense_bias_relu", "bench.hlo"),
+                                       ("matmul", "hlo"), ("conv2d_bias_relu", "hlo"), ("batch_matmul", "hlo"),
+                                       ("softmax", "hlo"), ("layernorm", "hlo")])
+def test_fast_path_equals_exact(name, kind):
+    m = hlotune.load_model(model_path(name, kind))
+    checked = 0
+    for sg in m.frontend.subgraphs:
+        cd = sg.workload.compute
+        rng = np.random.default_rng(1)
+        vs = [Schedule(sg.workload.key, s) for s in factor_variants(cd, default_schedule(cd, _T), rng, 6)]
+        for s, fast in zip(vs, batch_features(cd, vs, sg.workload.key)):
+            exact = exact_features(cd, s)
+            np.testing.assert_allclose(fast, exact, atol=1e-6, err_msg=f"{sg.name} {s.steps}")
+            checked += 1
+    assert checked > 0
