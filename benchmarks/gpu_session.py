@@ -1,7 +1,14 @@
-"""One call on the GPU machine: run the GPU tests, then time default-schedule CUDA kernels against cuBLAS
-(torch.matmul, TF32 off) and the device-to-device copy bandwidth; write gpu_session.json / .md to --out.
+"""One call on the GPU machine: GPU tests, kernel figures (matmul vs cuBLAS without TF32, memory-bound
+subgraphs vs the device-to-device copy, schedule variants), whole fixture models at bench size through
+`hlotune.compile(target="cuda")` device-resident against JAX on the same GPU (precision highest) and
+torch.compile where the model is easy to write in torch; writes gpu_session.json / .md / .log to --out.
 
-    python3 benchmarks/gpu_session.py --out $OUT [--skip-tests]
+    XLA_PYTHON_CLIENT_PREALLOCATE=false python3 benchmarks/gpu_session.py --out $OUT [--skip-tests]
+
+Model timing: inputs in device memory; `exe.call_device(*inputs)` called 20 times back to back between two
+CUDA events, median of 5 rounds (launch and Python glue included, as JAX's figures include dispatch);
+JAX the same way (block_until_ready at the end of each round); torch.compile (mode "max-autotune-no-cudagraphs"
+is not used: default mode) the same way.
 
 Figures: matmul 1024^3 and 4096^3 in GFLOP/s (ours vs cuBLAS) with the relative error against a float64
 product; every fused subgraph of the memory-bound fixtures at bench size in GB/s (bytes = inputs read once +
@@ -29,10 +36,15 @@ MEMORY_BOUND = ["gelu_tanh", "relu_chain", "sin_mul_add", "softmax", "layernorm"
                 "rmsnorm_swiglu"]
 
 
-def run_tests(out: Path) -> dict:
+def run_tests(out: Path, timeout: float = 200.0) -> dict:
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu",
-                        "tests/null/test_cuda_codegen.py"], cwd=ROOT, capture_output=True, text=True)
+    try:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu",
+                            "tests/null/test_gpu_measure.py"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        (out / "gpu_tests.log").write_text(str(e.stdout or "") + "\n" + str(e.stderr or ""))
+        return {"returncode": -1, "summary": f"timed out after {timeout:.0f} s", "seconds": timeout}
     (out / "gpu_tests.log").write_text(r.stdout + "\n" + r.stderr)
     last = [ln for ln in r.stdout.splitlines() if ln.strip()][-1:] or ["(no output)"]
     return {"returncode": r.returncode, "summary": last[0], "seconds": round(time.time() - t0, 1)}
@@ -135,11 +147,202 @@ def memory_bound(name: str, torch, copy_gbs: float, log) -> list[dict]:
     return out
 
 
+MATMUL_VARIANTS = {  # (MR, NR, TI, TJ, BK)
+    "8x8/16x16/bk8 (old)": (8, 8, 16, 16, 8), "8x8/16x16/bk16": (8, 8, 16, 16, 16),
+    "16x4/8x32/bk8": (16, 4, 8, 32, 8), "16x4/8x32/bk16": (16, 4, 8, 32, 16),
+    "8x4/8x32/bk16": (8, 4, 8, 32, 16), "4x4/8x32/bk16": (4, 4, 8, 32, 16), "8x4/16x16/bk16": (8, 4, 16, 16, 16),
+    "4x4/16x16/bk16": (4, 4, 16, 16, 16),
+}
+EW_VARIANTS = {"per1/t256": {"per": 1, "threads": 256}, "per4/t256": {"per": 4, "threads": 256},
+               "per8/t256": {"per": 8, "threads": 256}, "per4/t512": {"per": 4, "threads": 512},
+               "per2/t1024": {"per": 2, "threads": 1024}}
+MODELS_TORCH = {
+    "sin_mul_add": lambda t: lambda x: t.sin(x) * 2 + 1,
+    "relu_chain": lambda t: lambda x: t.relu(x * 2.0 + 1.0) * 0.5,
+    "gelu_tanh": lambda t: lambda x: t.nn.functional.gelu(x, approximate="tanh"),
+    "softmax": lambda t: lambda x: t.softmax(x, dim=-1),
+    "row_sum": lambda t: lambda x: x.sum(dim=1),
+    "sum_reduce": lambda t: lambda x: x.sum(),
+    "layernorm": lambda t: lambda x, s, b: t.nn.functional.layer_norm(x, x.shape[-1:], s, b, eps=1e-5),
+    "matmul": lambda t: lambda a, b: a @ b,
+}
+
+
+def _mm_hlo(n: int) -> str:
+    return (f"HloModule mm{n}\nENTRY main {{\n  a = f32[{n},{n}] parameter(0)\n  b = f32[{n},{n}] parameter(1)\n"
+            f"  ROOT d = f32[{n},{n}] dot(a, b), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n}}\n")
+
+
+def _resources(kern) -> list:
+    import pycuda.driver as drv
+    fa = drv.function_attribute
+    return [{"name": ln.fn.get_attribute(fa.NUM_REGS) and n.name, "regs": ln.fn.get_attribute(fa.NUM_REGS),
+             "local_bytes": ln.fn.get_attribute(fa.LOCAL_SIZE_BYTES), "grid": n.grid, "block": n.block,
+             "shared": n.shared_bytes} for ln, n in zip(kern._launches, kern.source.launches)]
+
+
+def matmul_variants(n: int, torch, log, cublas: float | None) -> list[dict]:
+    import hlotune
+    from hlotune.codegen.cuda_runtime import build_cuda
+    from hlotune.schedule_space.default_gpu import default_gpu_schedule
+    from hlotune.schedule_space.lower import lower
+
+    (sg,) = hlotune.load_model(_mm_hlo(n)).frontend.subgraphs
+    cd = sg.workload.compute
+    a = torch.randn(n, n, device="cuda")
+    b = torch.randn(n, n, device="cuda")
+    c = torch.full((n, n), float("nan"), device="cuda")
+    ref = a.double() @ b.double()
+    out = []
+    for label, tiles in MATMUL_VARIANTS.items():
+        try:
+            kern = build_cuda(lower(cd, default_gpu_schedule(cd, options={"tiles": tiles}), name=f"mm{n}"))
+            c.fill_(float("nan"))
+            kern(a, b, c)
+            torch.cuda.synchronize()
+            err = float(torch.linalg.norm(c.double() - ref) / torch.linalg.norm(ref))
+            t = float(np.median(kern.time(a, b, c, min_time=0.05 if n <= 1024 else 0.1, repeat=3)))
+            r = {"n": n, "variant": label, "gflops": 2 * n ** 3 / t / 1e9, "rel_err": err,
+                 "of_cublas": (2 * n ** 3 / t / 1e9) / cublas if cublas else None, "resources": _resources(kern)}
+            log(f"  matmul {n} {label}: {r['gflops']:.0f} GFLOP/s ({100 * (r['of_cublas'] or 0):.0f}% of cuBLAS), "
+                f"err {err:.1e}, regs {r['resources'][0]['regs']}, local {r['resources'][0]['local_bytes']}")
+        except Exception as e:
+            r = {"n": n, "variant": label, "error": f"{type(e).__name__}: {e}"[:400]}
+            log(f"  matmul {n} {label}: ERROR {r['error'][:200]}")
+        out.append(r)
+    return out
+
+
+def elementwise_variants(torch, copy_gbs: float, log) -> list[dict]:
+    import hlotune
+    from hlotune.codegen.cuda_runtime import build_cuda
+    from hlotune.schedule_space.default_gpu import default_gpu_schedule
+    from hlotune.schedule_space.lower import lower
+    from tests.conftest import model_path
+
+    out = []
+    for name in ("sin_mul_add", "relu_chain", "gelu_tanh"):
+        (sg,) = hlotune.load_model(model_path(name, "bench.hlo")).frontend.subgraphs
+        cd = sg.workload.compute
+        x = torch.randn(*cd.inputs[0].shape, device="cuda")
+        y = torch.empty_like(x)
+        for label, opts in EW_VARIANTS.items():
+            try:
+                kern = build_cuda(lower(cd, default_gpu_schedule(cd, options=opts), name=sg.name))
+                t = float(np.median(kern.time(x, y, min_time=0.03, repeat=3)))
+                gbs = 2 * x.numel() * 4 / t / 1e9
+                out.append({"model": name, "variant": label, "us": t * 1e6, "gbs": gbs, "of_copy": gbs / copy_gbs,
+                            "resources": _resources(kern)})
+                log(f"  {name} {label}: {t * 1e6:.1f} us, {gbs:.0f} GB/s ({100 * gbs / copy_gbs:.0f}% of copy)")
+            except Exception as e:
+                out.append({"model": name, "variant": label, "error": f"{type(e).__name__}: {e}"[:400]})
+                log(f"  {name} {label}: ERROR {e}"[:300])
+    return out
+
+
+def _round_time(fn, sync, rounds=5, calls=20) -> float:
+    for _ in range(3):
+        fn()
+    sync()
+    ts = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        ts.append((time.perf_counter() - t0) / calls)
+    return float(np.median(ts))
+
+
+def _events_round_time(fn, torch, rounds=5, calls=20) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(rounds):
+        s.record()
+        for _ in range(calls):
+            fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e) / 1e3 / calls)
+    return float(np.median(ts))
+
+
+def models(torch, log, deadline: float, with_torch: bool) -> list[dict]:
+    import json as _json
+
+    import hlotune
+    from tests.conftest import MODEL_NAMES, MODELS_DIR, model_path
+
+    try:
+        import jax
+        import jax.numpy as jnp
+        from jax import lax
+        jax.config.update("jax_default_matmul_precision", "highest")
+    except Exception as e:  # pragma: no cover
+        log(f"JAX not usable: {e}")
+        jax = None
+    manifest = _json.loads((MODELS_DIR / "manifest.json").read_text())["models"]
+    ref = _json.loads((MODELS_DIR / "jax_gpu_times.json").read_text())["highest"]
+    out = []
+    for name in MODEL_NAMES:
+        if time.time() > deadline:
+            log(f"model {name}: skipped (time budget)")
+            continue
+        r: dict = {"model": name, "jax_ref_s": ref.get(name)}
+        try:
+            m = hlotune.load_model(str(model_path(name, "bench.hlo")))
+            rng = np.random.default_rng(0)
+            args = [(rng.standard_normal(p.array_shape.dims) * 0.5).astype(p.array_shape.dtype.np)
+                    for p in m.module.entry_computation.parameters]
+            t0 = time.time()
+            exe = hlotune.compile(m, target="cuda")
+            r["compile_s"] = time.time() - t0
+            d_args = [torch.from_numpy(a).cuda() for a in args]
+            got = [torch.as_tensor(g, device="cuda") for g in exe.call_device(*d_args)]
+            r["ours_s"] = _events_round_time(lambda e=exe, a=d_args: e.call_device(*a), torch)
+            r["host_fallbacks"] = dict(exe._gpu.host_fallbacks)
+            if jax is not None:
+                ns = {"jax": jax, "jnp": jnp, "lax": lax}
+                exec(manifest[name]["jax_source"], ns)
+                fn = jax.jit(ns[name])
+                j_args = [jax.device_put(a) for a in args]
+                jo = jax.tree_util.tree_leaves(fn(*j_args))
+                errs = []
+                for g, w in zip(got, jo):
+                    w64 = np.asarray(w, dtype=np.float64)
+                    g64 = g.double().cpu().numpy()
+                    errs.append(float(np.linalg.norm(g64 - w64) / max(np.linalg.norm(w64), 1e-30)))
+                r["rel_err_vs_jax"] = max(errs)
+                r["jax_s"] = _round_time(lambda f=fn, a=j_args: f(*a),
+                                         lambda f=fn, a=j_args: jax.block_until_ready(f(*a)))
+                r["speedup_vs_jax"] = r["jax_s"] / r["ours_s"]
+            if with_torch and name in MODELS_TORCH and time.time() < deadline - 60:
+                tf = torch.compile(MODELS_TORCH[name](torch))
+                tf(*d_args)
+                r["torch_compile_s"] = _events_round_time(lambda f=tf, a=d_args: f(*a), torch)
+                r["speedup_vs_torch"] = r["torch_compile_s"] / r["ours_s"]
+            log(f"model {name}: ours {r['ours_s'] * 1e6:.1f} us, JAX {r.get('jax_s', 0) * 1e6:.1f} us "
+                f"(x{r.get('speedup_vs_jax', 0):.2f}), torch.compile {r.get('torch_compile_s', 0) * 1e6:.1f} us, "
+                f"err {r.get('rel_err_vs_jax', -1):.1e}, host fallbacks {r['host_fallbacks']}")
+        except Exception as e:
+            r["error"] = f"{type(e).__name__}: {e}"[:800]
+            log(f"model {name}: ERROR {r['error'][:300]}")
+            traceback.print_exc()
+        out.append(r)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--sizes", default="1024,4096")
+    ap.add_argument("--budget", type=float, default=480.0, help="seconds for everything before the tests")
+    ap.add_argument("--no-variants", action="store_true")
+    ap.add_argument("--no-torch", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -149,6 +352,8 @@ def main() -> int:
         print(msg, flush=True)
         lines.append(msg)
 
+    t_start = time.time()
+    deadline = t_start + args.budget
     import torch
 
     from hlotune.codegen.cuda_runtime import detect_cuda_target, nvcc_version
@@ -168,8 +373,19 @@ def main() -> int:
     res["memory_bound"] = []
     for name in MEMORY_BOUND:
         res["memory_bound"] += memory_bound(name, torch, res["copy_gbs"], log)
+    res["models"] = models(torch, log, deadline - (0 if args.no_variants else 90), not args.no_torch)
+    (out / "gpu_session.json").write_text(json.dumps(res, indent=1, default=str))
+    if not args.no_variants:
+        cub = {m["n"]: m["cublas_gflops"] for m in res["matmul"]}
+        res["matmul_variants"] = []
+        for n in [int(x) for x in args.sizes.split(",") if x]:
+            if time.time() < deadline:
+                res["matmul_variants"] += matmul_variants(n, torch, log, cub.get(n))
+        if time.time() < deadline + 30:
+            res["elementwise_variants"] = elementwise_variants(torch, res["copy_gbs"], log)
+    (out / "gpu_session.json").write_text(json.dumps(res, indent=1, default=str))
     if not args.skip_tests:
-        res["tests"] = run_tests(out)
+        res["tests"] = run_tests(out, max(60.0, t_start + args.budget + 200 - time.time()))
         log(f"GPU tests: rc {res['tests']['returncode']}, {res['tests']['summary']} ({res['tests']['seconds']} s)")
     (out / "gpu_session.json").write_text(json.dumps(res, indent=1, default=str))
     md = ["# GPU session", "", f"target `{tgt.fingerprint}`, copy {res['copy_gbs']:.0f} GB/s", "",
@@ -183,6 +399,29 @@ def main() -> int:
         else:
             md.append(f"| {r['subgraph']} | {r['us']:.1f} | {r['gbs']:.0f} | {100 * r['of_copy']:.0f} | "
                       f"{r['correct']} |")
+    md += ["", "| model (bench size) | ours us | JAX us (highest) | vs JAX | torch.compile us | vs torch | rel err "
+           "vs JAX | host fallbacks |", "|---|---|---|---|---|---|---|---|"]
+    for r in res.get("models", []):
+        if "error" in r:
+            md.append(f"| {r['model']} | error | | | | | {r['error'][:80]} | |")
+            continue
+        tc = f"{r['torch_compile_s'] * 1e6:.1f}" if "torch_compile_s" in r else "-"
+        vt = f"{r['speedup_vs_torch']:.2f}x" if "speedup_vs_torch" in r else "-"
+        md.append(f"| {r['model']} | {r['ours_s'] * 1e6:.1f} | {r.get('jax_s', 0) * 1e6:.1f} | "
+                  f"{r.get('speedup_vs_jax', 0):.2f}x | {tc} | {vt} | {r.get('rel_err_vs_jax', -1):.1e} | "
+                  f"{sum(r['host_fallbacks'].values())} |")
+    if res.get("matmul_variants"):
+        md += ["", "| matmul variant | GFLOP/s | % cuBLAS | regs | local bytes |", "|---|---|---|---|---|"]
+        for r in res["matmul_variants"]:
+            if "error" not in r:
+                md.append(f"| {r['n']} {r['variant']} | {r['gflops']:.0f} | {100 * (r['of_cublas'] or 0):.0f} | "
+                          f"{r['resources'][0]['regs']} | {r['resources'][0]['local_bytes']} |")
+    if res.get("elementwise_variants"):
+        md += ["", "| elementwise variant | us | GB/s | % copy |", "|---|---|---|---|"]
+        for r in res["elementwise_variants"]:
+            if "error" not in r:
+                md.append(f"| {r['model']} {r['variant']} | {r['us']:.1f} | {r['gbs']:.0f} | "
+                          f"{100 * r['of_copy']:.0f} |")
     if "tests" in res:
         md += ["", f"GPU tests: {res['tests']['summary']}"]
     (out / "gpu_session.md").write_text("\n".join(md) + "\n")

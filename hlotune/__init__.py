@@ -8,7 +8,7 @@
 Errors on bad input are subclasses of `hlotune.HlotuneError`.
 """
 
-from .api import Model, compile, inspect_model, load_model, reference_run
+from .api import Model, compile, inspect_model, load_model, reference_run, tune
 from .errors import (
     CompileError,
     ConfigError,
@@ -23,8 +23,15 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    if name == "TuneReport":   # the result of `tune`; imported on first use (the search layer is heavier)
+        from .search.tuner import TuneReport
+        return TuneReport
+    raise AttributeError(f"module 'hlotune' has no attribute {name!r}")
+
 __all__ = [
-    "Model", "compile", "inspect_model", "load_model", "reference_run", "__version__",
+    "Model", "compile", "inspect_model", "load_model", "reference_run", "tune", "TuneReport", "__version__",
     "HlotuneError", "ParseError", "UnsupportedError", "ShapeError", "InputError", "ScheduleError",
     "CompileError", "DatabaseError", "ConfigError",
 ]

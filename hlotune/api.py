@@ -243,3 +243,44 @@ def compile(model: Any, tuning_log: Any = None, target: str = "cpu"):  # noqa: A
     if target not in ("cpu", "cuda"):
         raise UnsupportedError(f"unknown target {target!r} (expected 'cpu' or 'cuda')")
     return Executable(load_model(model), tuning_log=tuning_log, target=target)
+
+
+def tune(model: Any, tuning_log: Any = None, target: str = "cpu", trials: int | None = None,
+         time_budget: float | str | None = None, seed: int = 0, workers: int | None = None,
+         cost_model: Any = None, policy: str = "evolutionary", **options: Any):
+    """Tune every subgraph of `model`, recording measurements in `tuning_log`; returns a `TuneReport`.
+
+    `tuning_log`: a path (.db SQLite, .jsonl), a SQLAlchemy URL or a Database (default
+    `<log_dir>/<model name>.db`).  Budgets: `trials` (total measurements of this model's subgraphs in the
+    database, earlier runs included; default 1000 when no time budget is given) and/or `time_budget`
+    (seconds or "8h", earlier runs included).  Running it again continues where it stopped.  `policy`:
+    "evolutionary" (cost-model-guided, the default), "random" or "optuna" (TPE).  `cost_model`: a path to a
+    pretrained model or a model object.  Other options (see `search.tuner.tune_model`): batch_size,
+    population, generations, early_stopping, timing (measure.runner.TimingConfig), measurer, progress,
+    stream, log_dir, write_log."""
+    from .database import open_database
+    from .search.tuner import parse_duration, tune_model
+    from .target import Target
+
+    if target not in ("cpu", "cuda"):
+        raise UnsupportedError(f"unknown target {target!r} (expected 'cpu' or 'cuda')")
+    if target != "cpu":
+        raise UnsupportedError(f"tuning for target {target!r} is not available in this build (only 'cpu')")
+    m = load_model(model)
+    log_dir = options.pop("log_dir", None) or str(config.get("log_dir"))
+    if tuning_log is None:
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in m.name) or "model"
+        os.makedirs(log_dir, exist_ok=True)
+        tuning_log = os.path.join(log_dir, f"{safe}.db")
+    db = open_database(tuning_log)
+    location = tuning_log if isinstance(tuning_log, str) else os.fspath(tuning_log) \
+        if isinstance(tuning_log, os.PathLike) else getattr(db, "location", "")
+    if isinstance(location, str) and "://" not in location and os.path.exists(location):
+        location = os.path.abspath(location)
+    try:
+        return tune_model(m, db, Target.from_string(target), trials=trials, time_budget=parse_duration(time_budget),
+                          seed=seed, workers=workers, cost_model=cost_model, policy=policy, log_dir=log_dir,
+                          db_location=location, **options)
+    finally:
+        if db is not tuning_log:
+            db.close()

@@ -5,6 +5,9 @@ Map:
   cmd_inspect       fused subgraphs: key, weight, opcodes, shapes, FLOPs, bytes, compute definition
   cmd_run           run a whole model (compiled, or --reference with the numpy interpreter)
   cmd_db            tuning database commands (show, best, export, import, merge, verify)
+  cmd_tune          tune a model's subgraphs into a tuning database (resumable)
+  cmd_report        best latency against trials / time, error kinds, speedup over the default schedule
+  cost-model        train / evaluate the cost model (search/cost_model_cli.py)
   cmd_config        the settings table
 
 Exit codes: 0 success, 2 user error (one line, no traceback unless HLOTUNE_DEBUG is set),
@@ -84,6 +87,99 @@ def cmd_db(args: argparse.Namespace) -> int:
     return run_db(args)
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .api import tune
+
+    timing = None
+    if args.repeats is not None or args.min_repeat_ms is not None:
+        from .measure.runner import TimingConfig
+
+        d = TimingConfig()
+        rep_ms = d.min_repeat_ms if args.min_repeat_ms is None else args.min_repeat_ms
+        timing = TimingConfig(warmup_ms=min(d.warmup_ms, rep_ms), repeats=args.repeats or d.repeats,
+                              min_repeat_ms=rep_ms)
+    for name in ("trials", "batch_size", "population", "workers"):
+        v = getattr(args, name)
+        if v is not None and v < (0 if name == "trials" else 1):
+            raise InputError(f"--{name.replace('_', '-')} must be at least {0 if name == 'trials' else 1}, got {v}")
+    report = tune(args.model, tuning_log=args.tuning_log, target=args.target, trials=args.trials,
+                  time_budget=args.time_budget, seed=args.seed, workers=args.workers, cost_model=args.cost_model,
+                  policy=args.policy, batch_size=args.batch_size, population=args.population,
+                  generations=args.generations, early_stopping=args.early_stopping or None, timing=timing,
+                  progress=not args.quiet, log_dir=args.log_dir)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print(report.text())
+    if report.interrupted:
+        print("hlotune: interrupted (run the same command again to continue)", file=sys.stderr)
+        return 130
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .api import load_model
+    from .database import open_database
+    from .search.report import build_report
+
+    model = load_model(args.model) if args.model else None
+    db = open_database(args.db)
+    try:
+        rep = build_report(db, model=model, target=args.target)
+    finally:
+        db.close()
+    if args.json:
+        print(json.dumps(rep.to_json(), indent=1))
+    else:
+        print(rep.text())
+    if args.plot:
+        rep.plot(args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _add_tune_parser(sub) -> None:
+    from .search.tuner import DEFAULT_EARLY_STOPPING, DEFAULT_TRIALS, POLICIES
+
+    p = sub.add_parser("tune", help="tune a model's subgraphs (resumable: run it again to continue)",
+                       description="Tune every fused subgraph of MODEL, recording every measurement in the tuning "
+                                   "log. Running the same command again continues: measured schedules are not "
+                                   "measured again and the budgets count what is already done.")
+    _add_model(p)
+    p.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--tuning-log", default=None, metavar="DB",
+                   help="tuning database (.db, .jsonl, postgresql://...; default <log dir>/<model>.db)")
+    p.add_argument("--trials", type=int, default=None,
+                   help=f"total measurements for this model in DB (default {DEFAULT_TRIALS} without --time-budget)")
+    p.add_argument("--time-budget", default=None, metavar="DURATION", help="e.g. 90s, 15m, 8h (all runs together)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=None, help="builder processes (default: one per core)")
+    p.add_argument("--cost-model", default=None, metavar="PATH", help="a pretrained cost model (hlotune cost-model "
+                                                                       "train)")
+    p.add_argument("--policy", choices=POLICIES, default="evolutionary", help="search policy (default evolutionary)")
+    p.add_argument("--batch-size", type=int, default=64, help="candidates measured per round (default 64)")
+    p.add_argument("--population", type=int, default=2048, help="evolutionary population (default 2048)")
+    p.add_argument("--generations", type=int, default=4, help="evolutionary generations per round (default 4)")
+    p.add_argument("--early-stopping", type=int, default=DEFAULT_EARLY_STOPPING, metavar="N",
+                   help=f"stop a subgraph after N trials without improvement (0: never; default "
+                        f"{DEFAULT_EARLY_STOPPING})")
+    p.add_argument("--repeats", type=int, default=None, help="timing repeats per candidate (default 3)")
+    p.add_argument("--min-repeat-ms", type=float, default=None, help="minimum time per repeat (default 34 ms)")
+    p.add_argument("--log-dir", default=None, help="where run logs go (default: HLOTUNE_LOG_DIR or logs/)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("report", help="tuning progress and results stored in a tuning database")
+    p.add_argument("db", metavar="DB", help="tuning database")
+    p.add_argument("--model", default=None, help="only this model's subgraphs, named and weighted as in it")
+    p.add_argument("--target", default=None, help="target fingerprint (default: the one with most records)")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="plot best latency against trials and time "
+                                                                   "(needs matplotlib)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_report)
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     print(config.describe())
     print()
@@ -123,6 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
         add_db_parser = None
     if add_db_parser is not None:
         add_db_parser(sub).set_defaults(func=cmd_db)
+
+    _add_tune_parser(sub)
+    try:
+        from .search.cost_model_cli import add_cost_model_parser
+    except ImportError:  # pragma: no cover - not there yet
+        add_cost_model_parser = None
+    if add_cost_model_parser is not None:
+        add_cost_model_parser(sub)
 
     p = sub.add_parser("config", help="list settings (environment variables) and debug levels")
     p.set_defaults(func=cmd_config)

@@ -5,6 +5,14 @@ Map:
   plan_schedules(model, ...)             key -> (printed loop nest, source), for `inspect --schedule`
   CompiledSubgraph                        one fused subgraph: kernel, constant inputs, output buffers
   Executable                              `exe(*arrays) -> tuple[np.ndarray]`, `exe.report()`
+  BACKENDS / backend(kind)                target kind -> (kernel builder, default schedule, compiled
+                                          subgraph class): "cpu" (LLVM) and "cuda" (nvcc + pycuda)
+  GpuSubgraph / _GpuGlue                  the cuda target: constants, intermediates and outputs stay in
+                                          device memory; `exe(*device_arrays)` returns DeviceArrays (no host
+                                          transfer), `exe(*numpy_arrays)` copies once each way; glue ops
+                                          other than reshape/bitcast and subgraphs without a compute
+                                          definition run on the host (copied there and back, counted in
+                                          `exe.report()`)
 
 The glue is the entry computation of the fused program: parameters, fusion calls, tuples,
 get-tuple-element and a few layout ops (bitcast/reshape of parameters), which are run with the
@@ -47,10 +55,34 @@ def _open_db(tuning_log: Any):
     return open_database(tuning_log)
 
 
+#: target kind -> ("module:function" of the kernel builder, of the default schedule, name of the
+#: compiled-subgraph class in this module); imported when first used
+BACKENDS = {
+    "cpu": ("hlotune.codegen.llvm_cpu:build_cpu", "hlotune.schedule_space.default:default_schedule",
+            "CompiledSubgraph"),
+    "cuda": ("hlotune.codegen.cuda_runtime:build_cuda", "hlotune.schedule_space.default_gpu:default_gpu_schedule",
+             "GpuSubgraph"),
+}
+
+
+def backend(kind: str) -> tuple[Any, Any, Any]:
+    """(build(func, target), default_schedule(compute, target), subgraph class) of a target kind."""
+    import importlib
+
+    if kind not in BACKENDS:
+        raise UnsupportedError(f"target kind {kind!r} has no backend (known: {', '.join(BACKENDS)})")
+    out = []
+    for ref in BACKENDS[kind][:2]:
+        mod, _, fn = ref.partition(":")
+        out.append(getattr(importlib.import_module(mod), fn))
+    return out[0], out[1], globals()[BACKENDS[kind][2]]
+
+
 def choose_schedule(workload, db, target: Target) -> Choice:
     """The best valid tuned schedule of `workload` in `db` for `target`, else the default one."""
-    from .schedule_space.default import default_schedule
     from .schedule_space.steps import schedule_from_json
+
+    default_schedule = backend(target.kind)[1]
 
     if db is not None:
         found = db.best(workload.key, target.fingerprint, family=target.family)
@@ -104,15 +136,23 @@ class CompiledSubgraph:
         self.outputs = [np.empty(b.shape, dtype=b.dtype.np) for b in self.func.outputs]
         self.is_tuple = sg.computation.root_instruction.shape.is_tuple()
         self.in_specs = [(b.dtype.np, b.shape) for b in self.func.inputs[: self.n_params]]
+        # fast path: pointers of the buffers that never change (constants, preallocated outputs)
+        self._const_ptrs = [c.ctypes.data for c in self.consts]
+        self._out_ptrs = [o.ctypes.data for o in self.outputs]
 
     def run(self, args: Sequence[np.ndarray], fresh: frozenset[int] = frozenset()):
         """Run on `args`; outputs numbered in `fresh` go to new arrays (they leave the executable),
-        the others to the buffers allocated once."""
+        the others to the buffers allocated once.  Inputs are made C-contiguous arrays of the
+        kernel's dtype and shape here, and the outputs are this subgraph's own (or new) arrays, so the
+        kernel runs without its per-call argument checks."""
         ins = [a if a.dtype == dt and a.shape == shape and a.flags.c_contiguous
                else np.ascontiguousarray(a, dtype=dt).reshape(shape) for a, (dt, shape) in zip(args, self.in_specs)]
-        outs = self.outputs if not fresh else [np.empty_like(o) if k in fresh else o
-                                               for k, o in enumerate(self.outputs)]
-        self.kernel(*ins, *self.consts, *outs)
+        if fresh:
+            outs = [np.empty_like(o) if k in fresh else o for k, o in enumerate(self.outputs)]
+            out_ptrs = [o.ctypes.data for o in outs]
+        else:
+            outs, out_ptrs = self.outputs, self._out_ptrs
+        self.kernel.call_unchecked([a.ctypes.data for a in ins] + self._const_ptrs + out_ptrs)
         return tuple(outs) if self.is_tuple else outs[0]
 
 
@@ -120,11 +160,12 @@ class Executable:
     """A whole model compiled for a target: `exe(*arrays) -> tuple of numpy arrays`."""
 
     def __init__(self, model, tuning_log: Any = None, target: str = "cpu"):
-        if target != "cpu":
-            raise UnsupportedError(f"target {target!r} is not available in this build (only 'cpu')")
+        if str(target).strip().lower() not in ("cpu", "host", "llvm", "cuda", "gpu"):
+            raise UnsupportedError(f"target {target!r} is not available in this build (expected 'cpu' or 'cuda')")
         t0 = time.perf_counter()
         self.model = model
         self.target = Target.from_string(target)
+        subgraph_cls = backend(self.target.kind)[2]
         fe = model.frontend
         db = _open_db(tuning_log)
         choices: dict[str, Choice] = {}
@@ -134,7 +175,7 @@ class Executable:
             if wl.key not in choices:
                 choices[wl.key] = choose_schedule(wl, db, self.target)
                 config.debug(3, "schedule for %s (%s): %s", wl.key, choices[wl.key].source, choices[wl.key].steps)
-            self._subgraphs[sg.name] = CompiledSubgraph(sg, choices[wl.key], self.target)
+            self._subgraphs[sg.name] = subgraph_cls(sg, choices[wl.key], self.target)
         self._choices = choices
         self._interpreted = {sg.name: sg.computation for sg, _ in fe.unsupported}
         self._glue = fe.program.module.entry_computation
@@ -143,6 +184,7 @@ class Executable:
         self._fresh = _outputs_reaching_root(self._glue)
         self._mini = {i.name: _single_op_computation(self._glue, i) for i in self._glue.instructions
                       if i.op not in (Op.PARAMETER, Op.FUSION, Op.TUPLE, Op.GET_TUPLE_ELEMENT)}
+        self._gpu = _GpuGlue(self) if self.target.kind == "cuda" else None
         self.compile_s = time.perf_counter() - t0
         config.debug(2, "compiled %s in %.3f s (%d subgraphs)", model.name, self.compile_s, len(self._subgraphs))
 
@@ -165,6 +207,8 @@ class Executable:
     def __call__(self, *arrays: Any) -> tuple[np.ndarray, ...]:
         from .ir.interp import evaluate_computation
 
+        if self._gpu is not None:  # cuda: device arrays in -> device arrays out; numpy in -> numpy out
+            return self._gpu(arrays)
         args = self._check(arrays)
         env: dict[str, Any] = {}
         fresh_ids: set[int] = set()
@@ -205,7 +249,15 @@ class Executable:
             lines.append(f"  {name:32s} {cs.key}  {cs.choice.source}")
         for name in self._interpreted:
             lines.append(f"  {name:32s} {'-':24s}  reference interpreter (no compute definition)")
+        if self._gpu is not None:
+            lines += self._gpu.report_lines()
         return "\n".join(lines)
+
+    def call_device(self, *arrays: Any) -> tuple:
+        """cuda target: run and return the outputs as DeviceArrays (inputs: device or numpy arrays)."""
+        if self._gpu is None:
+            raise UnsupportedError("call_device needs an executable compiled for target 'cuda'")
+        return self._gpu(arrays, host=False)
 
     def sources(self) -> dict[str, str]:
         """subgraph name -> where its schedule came from."""
@@ -250,3 +302,143 @@ def _flatten(v: Any) -> list[np.ndarray]:
             out.extend(_flatten(e))
         return out
     return [v]
+
+
+# ----------------------------------------------------------------------------- the cuda target
+
+class GpuSubgraph:
+    """One fused subgraph compiled for a GPU: constants uploaded once, outputs preallocated on the device."""
+
+    def __init__(self, sg, choice: Choice, target: Target):
+        from .codegen.cuda_runtime import empty_device, to_device
+        from .ir.compute import constant_values
+        from .schedule_space.lower import lower
+
+        build = backend("cuda")[0]
+        cd = sg.workload.compute
+        self.name = sg.name
+        self.key = sg.workload.key
+        self.choice = choice
+        self.n_params = len(sg.computation.parameters)
+        t0 = time.perf_counter()
+        self.func = lower(cd, choice.steps, name=_kernel_name(sg.name))
+        self.kernel = build(self.func, target)
+        self.compile_s = time.perf_counter() - t0
+        consts = constant_values(cd)
+        self.consts = [to_device(np.ascontiguousarray(consts[b.name], dtype=b.dtype.np))
+                       for b in cd.inputs[self.n_params:]]
+        self.outputs = [empty_device(b.shape, b.dtype.np) for b in self.func.outputs]
+        self.is_tuple = sg.computation.root_instruction.shape.is_tuple()
+        self.in_specs = [(b.dtype.np, tuple(b.shape)) for b in self.func.inputs[: self.n_params]]
+        self._const_ptrs = [c.ptr for c in self.consts]
+        self._out_ptrs = [o.ptr for o in self.outputs]
+
+    def run(self, args, fresh: frozenset[int] = frozenset()):
+        """Run on DeviceArrays; outputs numbered in `fresh` go to new device arrays (they leave the
+        executable), the others to the buffers allocated once."""
+        from .codegen.cuda_runtime import empty_device
+
+        ptrs = []
+        for a, (dt, shape) in zip(args, self.in_specs):
+            if a.dtype != dt or int(np.prod(a.shape, dtype=np.int64)) != int(np.prod(shape, dtype=np.int64)):
+                raise InputError(f"subgraph {self.name}: device operand {a.dtype}{list(a.shape)}, expected "
+                                 f"{np.dtype(dt)}{list(shape)}")
+            ptrs.append(a.ptr)
+        if fresh:
+            outs = [empty_device(o.shape, o.dtype) if k in fresh else o for k, o in enumerate(self.outputs)]
+            out_ptrs = [o.ptr for o in outs]
+        else:
+            outs, out_ptrs = self.outputs, self._out_ptrs
+        self.kernel.call_unchecked(ptrs + self._const_ptrs + out_ptrs)
+        return tuple(outs) if self.is_tuple else outs[0]
+
+
+class _GpuGlue:
+    """Runs an Executable's glue program with device-resident buffers (see the module map)."""
+
+    _VIEW_OPS = (Op.BITCAST, Op.RESHAPE)
+
+    def __init__(self, exe: Executable):
+        self.exe = exe
+        self.host_fallbacks: dict[str, int] = {}   # instruction -> times it ran on the host
+
+    def _args(self, arrays: Sequence[Any]) -> tuple[list, bool]:
+        from .codegen.cuda_runtime import as_device, to_device
+
+        params = self.exe.model.module.entry_computation.parameters
+        if len(arrays) != len(params):
+            raise InputError(f"{self.exe.model.name} takes {len(params)} argument(s), got {len(arrays)}")
+        out, host = [], False
+        for i, (a, p) in enumerate(zip(arrays, params)):
+            want = p.array_shape
+            what = f"argument {i} ({p.name})"
+            if hasattr(a, "__cuda_array_interface__"):
+                out.append(as_device(a, want.dims, want.dtype.np, what))
+                continue
+            host = True
+            a = np.asarray(a)
+            if tuple(a.shape) != want.dims:
+                raise InputError(f"{what}: expected shape {list(want.dims)}, got {list(a.shape)}")
+            if a.dtype != want.dtype.np:
+                raise InputError(f"{what}: expected dtype {want.dtype.np} ({want.dtype.value}), got {a.dtype}")
+            out.append(to_device(a))
+        return out, host
+
+    def _on_host(self, name: str, comp, operands: list) -> Any:
+        """Run one glue instruction / interpreted subgraph on the host (copies both ways)."""
+        from .codegen.cuda_runtime import to_device
+        from .ir.interp import evaluate_computation
+
+        self.host_fallbacks[name] = self.host_fallbacks.get(name, 0) + 1
+        host_ops = [_map_leaves(o, lambda d: d.get()) for o in operands]
+        val = evaluate_computation(self.exe._module, comp, host_ops)
+        return _map_leaves(val, lambda h: to_device(np.asarray(h)))
+
+    def __call__(self, arrays: Sequence[Any], host: bool | None = None) -> tuple:
+        exe = self.exe
+        args, given_host = self._args(arrays)
+        host = given_host if host is None else host
+        env: dict[str, Any] = {}
+        fresh_ids: set[int] = set()
+        for inst in exe._glue.instructions:
+            if inst.op is Op.PARAMETER:
+                env[inst.name] = args[inst.attr("parameter_number")]
+            elif inst.op is Op.FUSION and inst.name in exe._interpreted:
+                env[inst.name] = self._on_host(inst.name, exe._interpreted[inst.name], [env[o] for o in inst.operands])
+            elif inst.op is Op.FUSION:
+                fresh = exe._fresh.get(inst.name, frozenset())
+                val = env[inst.name] = exe._subgraphs[inst.name].run([env[o] for o in inst.operands], fresh)
+                fresh_ids.update(id(v) for k, v in enumerate(val if isinstance(val, tuple) else (val,)) if k in fresh)
+            elif inst.op is Op.TUPLE:
+                env[inst.name] = tuple(env[o] for o in inst.operands)
+            elif inst.op is Op.GET_TUPLE_ELEMENT:
+                env[inst.name] = env[inst.operands[0]][inst.attr("index")]
+            elif inst.op in self._VIEW_OPS and not isinstance(env[inst.operands[0]], tuple):
+                env[inst.name] = env[inst.operands[0]].reshape(inst.shape.dims)
+            else:
+                env[inst.name] = self._on_host(inst.name, exe._mini[inst.name], [env[o] for o in inst.operands])
+        leaves = _flatten(env[exe._glue.root])
+        shapes = flat_shapes(exe._glue.root_instruction.shape)
+        out, taken = [], set()
+        for x, s in zip(leaves, shapes):  # fresh fusion outputs are handed over; anything else is copied
+            if id(x) in fresh_ids and id(x) not in taken:
+                taken.add(id(x))
+                y = x
+            else:
+                y = x.copy()
+            out.append(y if tuple(y.shape) == s.dims else y.reshape(s.dims))
+        if host:
+            return tuple(y.get() for y in out)
+        return tuple(out)
+
+    def report_lines(self) -> list[str]:
+        if not self.host_fallbacks:
+            return ["  (cuda: every buffer stays on the device)"]
+        return [f"  {n:32s} ran on the host {k} time(s) (copied from and back to the device)"
+                for n, k in self.host_fallbacks.items()]
+
+
+def _map_leaves(v: Any, fn) -> Any:
+    if isinstance(v, tuple):
+        return tuple(_map_leaves(e, fn) for e in v)
+    return fn(v)

@@ -6,13 +6,16 @@ Map:
                             through ctypes), re-starts them after fork; `ensure_started()`
   runtime()                 the process-wide Runtime (lazy)
 
-How a parallel loop runs: the code generator outlines the loop into `task(ctx, tid, nthreads)`, which
-runs the static chunk [ext*tid/n, ext*(tid+1)/n) of the iterations, and calls
-`hlotune_rt_launch(task, ctx)` from the kernel.  `launch` publishes (task, ctx), bumps a generation
-counter, wakes sleeping workers with a futex, runs chunk 0 itself, and spins until the workers have
-finished.  Workers spin on the generation counter (with `pause`) for a while after each task, then
-sleep in `futex_wait`; so back-to-back kernels (timing loops, a model's subgraphs) pay a few
-microseconds per launch, and an idle process burns no CPU.
+How a parallel loop runs: the code generator outlines the loop into `task(ctx, chunk, nchunks)`, which
+runs chunk [ext*chunk/n, ext*(chunk+1)/n) of the iterations, and calls `hlotune_rt_launch(task, ctx)`
+from the kernel.  `launch` cuts the loop into threads * CHUNKS_PER_THREAD chunks, publishes (task, ctx)
+and the chunk count (one atomic word, `ticket`), bumps a generation counter, wakes sleeping workers
+with a futex, then takes chunks itself (compare-and-swap on `ticket`) until none is left, and spins
+until every chunk taken by a worker is done.  Chunks are taken dynamically so that a worker the OS
+has not scheduled (a loaded machine) delays nothing: the launching thread does its share.  Workers
+spin on the generation counter (with `pause`) for a while after each task, then sleep in
+`futex_wait`; so back-to-back kernels (timing loops, a model's subgraphs) pay a few microseconds per
+launch, and an idle process burns no CPU.
 
 Why not a Python thread pool calling ctypes: waking Python threads costs tens of microseconds per
 call, which would dominate the measured time of small kernels during tuning.  Why not OpenMP
@@ -38,6 +41,8 @@ LAUNCH_NAME = "hlotune_rt_launch"
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}
 FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
 DEFAULT_SPIN = 1 << 15    # pause iterations before a worker sleeps (about 0.3 to 1.5 ms)
+CHUNKS_PER_THREAD = 4     # a parallel loop is cut into threads * this many chunks, taken dynamically
+_N_SHIFT, _N_MASK = 20, (1 << 20) - 1
 
 
 def _pause(b: ir.IRBuilder, triple: str) -> None:
@@ -54,17 +59,43 @@ def _global(m: ir.Module, name: str, ty: ir.Type, init: int | None = 0) -> ir.Gl
     return g
 
 
+def _grab_chunks(fn: ir.Function, b: ir.IRBuilder, ticket, task, ctx, done, exit_block: ir.Block) -> None:
+    """Take chunks of the published task until none is left, then branch to `exit_block`.  A chunk is
+    taken by a compare-and-swap that decrements the count in `ticket`; the task and context are read
+    only after that succeeds (the launcher keeps them until every chunk is done, so they belong to the
+    launch whose chunk was taken)."""
+    grab = fn.append_basic_block("grab")
+    try_ = fn.append_basic_block("grab.try")
+    run = fn.append_basic_block("grab.run")
+    b.branch(grab)
+    b.position_at_end(grab)
+    cur = b.load_atomic(ticket, "acquire", 8, typ=I64)
+    left = b.and_(cur, ir.Constant(I64, _N_MASK))
+    b.cbranch(b.icmp_signed(">", left, ir.Constant(I64, 0)), try_, exit_block)
+    b.position_at_end(try_)
+    res = b.cmpxchg(ticket, cur, b.sub(cur, ir.Constant(I64, 1)), "acq_rel", "acquire")
+    b.cbranch(b.extract_value(res, 1), run, grab)
+    b.position_at_end(run)
+    n = b.and_(b.lshr(cur, ir.Constant(I64, _N_SHIFT)), ir.Constant(I64, _N_MASK))
+    f = b.load(task, typ=TASK_PTR)   # typed pointer: llvmlite reads an indirect callee's type from it
+    b.call(f, [b.load(ctx, typ=PTR), b.sub(left, ir.Constant(I64, 1)), n])
+    b.atomic_rmw("add", done, ir.Constant(I64, 1), "release")
+    b.branch(grab)
+
+
 def build_runtime_ir(triple: str) -> str:
     """The runtime module's LLVM IR text."""
     m = ir.Module(name="hlotune_rt")
     m.triple = triple
     gen = _global(m, "hlotune_rt_gen", I32)            # generation counter (futex word)
-    pending = _global(m, "hlotune_rt_pending", I64)    # workers still running the current task
+    _global(m, "hlotune_rt_pending", I64)              # unused (kept for the Python side's table)
     sleepers = _global(m, "hlotune_rt_sleepers", I64)  # workers in futex_wait
     nthreads = _global(m, "hlotune_rt_nthreads", I64, 1)
     spin = _global(m, "hlotune_rt_spin", I64, DEFAULT_SPIN)
     task = _global(m, "hlotune_rt_task", PTR, None)
     ctx = _global(m, "hlotune_rt_ctx", PTR, None)
+    ticket = _global(m, "hlotune_rt_ticket", I64)       # (chunks << 20) | chunks not yet taken
+    done = _global(m, "hlotune_rt_done", I64)           # chunks finished
     sysno = _SYS_FUTEX.get(platform.machine().lower())
     syscall = ir.Function(m, ir.FunctionType(I64, [I64], var_arg=True), "syscall") if sysno else None
     sched_yield = ir.Function(m, ir.FunctionType(I32, []), "sched_yield")
@@ -73,7 +104,6 @@ def build_runtime_ir(triple: str) -> str:
     w = ir.Function(m, ir.FunctionType(PTR, [PTR]), "hlotune_rt_worker")
     w.attributes.add("nounwind")
     b = ir.IRBuilder(w.append_basic_block("entry"))
-    tid = b.ptrtoint(w.args[0], I64)
     seen_p = b.alloca(I32)
     spins_p = b.alloca(I64)
     b.store(ir.Constant(I32, 0), seen_p)
@@ -108,10 +138,7 @@ def build_runtime_ir(triple: str) -> str:
     b.branch(wait)
     b.position_at_end(run)
     b.store(g, seen_p)
-    fn = b.load(task, typ=TASK_PTR)   # typed pointer: llvmlite reads an indirect callee's type from it
-    b.call(fn, [b.load(ctx, typ=PTR), tid, b.load(nthreads, typ=I64)])
-    b.atomic_rmw("sub", pending, ir.Constant(I64, 1), "release")
-    b.branch(wait)
+    _grab_chunks(w, b, ticket, task, ctx, done, wait)
 
     # ---- launch(task, ctx) ----
     f = ir.Function(m, ir.FunctionType(VOID, [TASK_PTR, PTR]), LAUNCH_NAME)
@@ -125,9 +152,11 @@ def build_runtime_ir(triple: str) -> str:
     b.call(f.args[0], [f.args[1], ir.Constant(I64, 0), ir.Constant(I64, 1)])
     b.ret_void()
     b.position_at_end(multi)
+    nchunks = b.mul(nt, ir.Constant(I64, CHUNKS_PER_THREAD))
     b.store(f.args[0], task)
     b.store(f.args[1], ctx)
-    b.store_atomic(b.sub(nt, ir.Constant(I64, 1)), pending, "seq_cst", 8)
+    b.store_atomic(ir.Constant(I64, 0), done, "seq_cst", 8)
+    b.store_atomic(b.or_(b.shl(nchunks, ir.Constant(I64, _N_SHIFT)), nchunks), ticket, "seq_cst", 8)
     b.atomic_rmw("add", gen, ir.Constant(I32, 1), "seq_cst")
     wake = f.append_basic_block("wake")
     mine = f.append_basic_block("mine")
@@ -139,18 +168,17 @@ def build_runtime_ir(triple: str) -> str:
                          ir.Constant(I32, 0x7FFFFFFF)])
     b.branch(mine)
     b.position_at_end(mine)
-    b.call(f.args[0], [f.args[1], ir.Constant(I64, 0), nt])
     waitb = f.append_basic_block("join")
-    done = f.append_basic_block("done")
-    b.branch(waitb)
+    _grab_chunks(f, b, ticket, task, ctx, done, waitb)
     b.position_at_end(waitb)
-    left = b.load_atomic(pending, "acquire", 8, typ=I64)
+    finished = f.append_basic_block("done")
+    left = b.load_atomic(done, "acquire", 8, typ=I64)
     again = f.append_basic_block("join.spin")
-    b.cbranch(b.icmp_signed(">", left, ir.Constant(I64, 0)), again, done)
+    b.cbranch(b.icmp_signed("<", left, nchunks), again, finished)
     b.position_at_end(again)
     _pause(b, triple)
     b.branch(waitb)
-    b.position_at_end(done)
+    b.position_at_end(finished)
     b.ret_void()
     return str(m)
 

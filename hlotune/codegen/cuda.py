@@ -9,7 +9,12 @@ Map:
   _KernelPlan               per kernel: launch extents, loop checks, local->shared promotion, barriers
   _insert_sync              __syncthreads() placement (read-after-write and write-after-read of shared
                             buffers between uniform program points; loop-carried hazards via two passes)
-  _Emitter                  statements and expressions -> C text (helpers in PRELUDE)
+  _scalarize                scalar replacement: inside a thread loop, a kernel buffer (or global temporary)
+                            used at one loop-invariant element (an rfactor partial) lives in a register
+  _Emitter                  statements and expressions -> C text (helpers in PRELUDE); a serial combine loop
+                            `B[I] = B[I] op E(v)` at a uniform point (what thread 0 alone would run) becomes
+                            a cross-thread reduction: strided per-thread partials, warp shuffles, one shared
+                            slot per warp (`cross_thread_reduce`)
 
 Semantics (the same as the CPU backend, `llvm_emit`):
 - A loop bound to blockIdx.* / threadIdx.* runs its iterations in parallel: the variable is the hardware
@@ -42,6 +47,7 @@ Semantics (the same as the CPU backend, `llvm_emit`):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -419,6 +425,8 @@ class _Emitter:
         self.lines: list[str] = []
         self.unroll_max = 0
         self.locals: set[str] = set()
+        self.if_depth = 0         # > 0 under an If (no block-wide barrier may be emitted there)
+        self.n_xred = 0           # cross-thread reductions emitted (unique names)
 
     def line(self, depth: int, text: str) -> None:
         self.lines.append("  " * depth + text)
@@ -435,12 +443,14 @@ class _Emitter:
         elif isinstance(s, Allocate):
             self.allocate(s, d, bb, bt)
         elif isinstance(s, If):
+            self.if_depth += 1
             self.line(d, f"if ({self.expr(s.cond)}) {{")
             self.stmt(s.then, d + 1, bb, bt)
             if s.otherwise is not None:
                 self.line(d, "} else {")
                 self.stmt(s.otherwise, d + 1, bb, bt)
             self.line(d, "}")
+            self.if_depth -= 1
         elif isinstance(s, Barrier):
             self.line(d, "__syncthreads();")
         else:
@@ -464,6 +474,9 @@ class _Emitter:
                 self.line(d + 1, "}")
             self.line(d, "}")
             return
+        red = self._cross_thread_pattern(s, bt)
+        if red is not None:
+            return self.cross_thread_reduce(s, red, d, bb, bt)
         ann = dict(s.annotations)
         saved = self.unroll_max
         if "auto_unroll_max_step" in ann:
@@ -479,6 +492,79 @@ class _Emitter:
         self.stmt(s.body, d + 1, bb, bt)
         self.line(d, "}")
         self.unroll_max = saved
+
+    # ---- cross-thread reduction: a serial combine loop that thread 0 alone would run
+    def _cross_thread_pattern(self, s: For, bt: frozenset[int]) -> tuple[Op, Expr, Store] | None:
+        """(op, E, store) when `s` is `for v in [0, n): B[I] = B[I] op E(v)` at a uniform point of a 1-D block
+        of whole warps, with B not thread-local and E reading no thread-local buffer."""
+        p = self.plan
+        if bt or self.if_depth or p.block[1] != 1 or p.block[2] != 1 or p.block[0] < 32 or p.block[0] % 32:
+            return None
+        n = s.const_extent
+        body = s.body.body[0] if isinstance(s.body, Seq) and len(s.body.body) == 1 else s.body
+        if n is None or n < 2 or not (isinstance(s.min, Const) and s.min.value == 0) or not isinstance(body, Store):
+            return None
+        decl = self.bufs.get(body.buffer)
+        v = body.value
+        if decl is None or decl.scope == "local" or decl.dtype not in _XRED_TYPES or not isinstance(v, Binary):
+            return None
+        if v.op not in _XRED_OPS or v.dtype is not decl.dtype:
+            return None
+        me = Load(body.buffer, body.indices, decl.dtype)
+        other = v.b if v.a == me else v.a if v.b == me else None
+        if other is None or any(s.var.name in _vars(i) for i in body.indices):
+            return None
+        for x in walk(other):
+            if isinstance(x, Load):
+                xd = self.bufs.get(x.buffer)
+                if x.buffer == body.buffer or xd is None or xd.scope == "local":
+                    return None
+        return v.op, other, body
+
+    def cross_thread_reduce(self, s: For, red: tuple[Op, Expr, Store], d: int, bb: frozenset[int],
+                            bt: frozenset[int]) -> None:
+        """Each thread combines a strided share of the iterations, then warp shuffles and one shared slot per
+        warp; thread 0 applies the total to B[I] (the same result up to the order of the combines)."""
+        op, e, st = red
+        dt = self._decl(st.buffer).dtype
+        rt = _reg(dt)
+        k = self.n_xred
+        self.n_xred += 1
+        acc, has, x = f"hl_acc{k}", f"hl_has{k}", f"hl_x{k}"
+        comb = self.expr(Binary(op, Var(acc, dt), Var(x, dt), dt))
+        v = sanitize(s.var.name)
+        nw = self.plan.block[0] // 32
+
+        def warp_reduce(dd: int) -> None:
+            self.line(dd, "#pragma unroll")
+            self.line(dd, "for (int hl_o = 16; hl_o > 0; hl_o >>= 1) {")
+            self.line(dd + 1, f"{rt} {x} = __shfl_down_sync(0xffffffffu, {acc}, hl_o);")
+            self.line(dd + 1, f"bool hl_h = __shfl_down_sync(0xffffffffu, (int){has}, hl_o) != 0;")
+            self.line(dd + 1, f"if (hl_h && (threadIdx.x & 31) + hl_o < 32) {{ {acc} = {has} ? {comb} : {x}; "
+                              f"{has} = true; }}")
+            self.line(dd, "}")
+
+        self.line(d, "{  // cross-thread reduction")
+        self.line(d + 1, f"{rt} {acc} = ({rt})0; bool {has} = false;")
+        self.line(d + 1, f"for ({self.idx} {v} = ({self.idx})threadIdx.x; {v} < {s.const_extent}; "
+                         f"{v} += {self.plan.block[0]}) {{")
+        self.line(d + 2, f"{rt} {x} = {self.expr(e)};")
+        self.line(d + 2, f"{acc} = {has} ? {comb} : {x}; {has} = true;")
+        self.line(d + 1, "}")
+        warp_reduce(d + 1)
+        self.line(d + 1, f"__shared__ {rt} hl_rv{k}[32]; __shared__ int hl_rh{k}[32];")
+        self.line(d + 1, f"if ((threadIdx.x & 31) == 0) {{ hl_rv{k}[threadIdx.x >> 5] = {acc}; "
+                         f"hl_rh{k}[threadIdx.x >> 5] = (int){has}; }}")
+        self.line(d + 1, "__syncthreads();")
+        self.line(d + 1, "if (threadIdx.x < 32) {")
+        self.line(d + 2, f"{has} = threadIdx.x < {nw} && hl_rh{k}[threadIdx.x] != 0;")
+        self.line(d + 2, f"{acc} = {has} ? hl_rv{k}[threadIdx.x] : ({rt})0;")
+        warp_reduce(d + 2)
+        fin = Store(st.buffer, st.indices, Binary(op, Load(st.buffer, st.indices, dt), Var(acc, dt), dt))
+        self.store(fin, d + 2, bb, bt)
+        self.line(d + 1, "}")
+        self.line(d + 1, "__syncthreads();")
+        self.line(d, "}")
 
     def allocate(self, s: Allocate, d: int, bb: frozenset[int], bt: frozenset[int]) -> None:
         decl = BufferDecl(s.buffer, s.shape, s.dtype, "shared" if s.buffer in self.plan.shared else "local")
@@ -673,6 +759,121 @@ class _Emitter:
         return f"(({t}){x})"
 
 
+_XRED_OPS = frozenset({Op.ADD, Op.MULTIPLY, Op.MAXIMUM, Op.MINIMUM})
+_XRED_TYPES = frozenset({DType.F32, DType.F64, DType.S32})
+
+
+# ----------------------------------------------------------------------------- scalar replacement
+
+def _rewrite_expr(e: Expr, buf: str, idx: tuple[Expr, ...], reg: str) -> Expr:
+    """`e` with every Load(buf, idx) replaced by Load(reg, (0,))."""
+    if isinstance(e, Load):
+        if e.buffer == buf:
+            return Load(reg, (Const(0, INDEX),), e.dtype)
+        return Load(e.buffer, tuple(_rewrite_expr(i, buf, idx, reg) for i in e.indices), e.dtype)
+    if isinstance(e, Var | Const):
+        return e
+    changes = {}
+    for f in dataclasses.fields(e):
+        val = getattr(e, f.name)
+        if isinstance(val, Expr):
+            changes[f.name] = _rewrite_expr(val, buf, idx, reg)
+    return dataclasses.replace(e, **changes)
+
+
+def _rewrite_stmt(s: Stmt, buf: str, idx: tuple[Expr, ...], reg: str) -> Stmt:
+    def rx(e: Expr) -> Expr:
+        return _rewrite_expr(e, buf, idx, reg)
+    if isinstance(s, Store):
+        val = rx(s.value)
+        if s.buffer == buf:
+            return Store(reg, (Const(0, INDEX),), val)
+        return Store(s.buffer, tuple(rx(i) for i in s.indices), val)
+    if isinstance(s, Seq):
+        return Seq(tuple(_rewrite_stmt(c, buf, idx, reg) for c in s.body))
+    if isinstance(s, For):
+        return For(s.var, rx(s.min), rx(s.extent), s.kind, _rewrite_stmt(s.body, buf, idx, reg), s.annotations)
+    if isinstance(s, If):
+        o = None if s.otherwise is None else _rewrite_stmt(s.otherwise, buf, idx, reg)
+        return If(rx(s.cond), _rewrite_stmt(s.then, buf, idx, reg), o)
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, s.dtype, s.shape, s.scope, _rewrite_stmt(s.body, buf, idx, reg))
+    return s
+
+
+def _all_exprs(s: Stmt):
+    for x in walk_stmts(s):
+        if isinstance(x, Store):
+            yield from x.indices
+            yield x.value
+        elif isinstance(x, If):
+            yield x.cond
+        elif isinstance(x, For):
+            yield x.min
+            yield x.extent
+
+
+def _scalarize_body(body: Stmt, allocated: dict) -> Stmt:
+    """Inside one thread's loop body, a kernel buffer accessed at one loop-invariant element only (the
+    `rf[t, 0] += ...` of an rfactor partial) lives in a register: loaded once, stored back once.  This
+    keeps shared memory (and the barriers it would need) out of the accumulation loop."""
+    inner = [x for x in walk_stmts(body) if isinstance(x, For)]
+    if (any(f.kind in _THREAD or f.kind in _BLOCK for f in inner)
+            or any(isinstance(x, Barrier) for x in walk_stmts(body))):
+        return body
+    inner_vars = {f.var.name for f in inner}
+    inside = {a.buffer for a in walk_stmts(body) if isinstance(a, Allocate)}   # already per thread
+    allocated = {k: v for k, v in allocated.items() if k not in inside}
+    access: dict[str, set] = {}
+    count: dict[str, int] = {}
+    stored: set[str] = set()
+    for x in walk_stmts(body):
+        if isinstance(x, Store) and x.buffer in allocated:
+            access.setdefault(x.buffer, set()).add(x.indices)
+            count[x.buffer] = count.get(x.buffer, 0) + 1
+            stored.add(x.buffer)
+    for e in _all_exprs(body):
+        for n in walk(e):
+            if isinstance(n, Load) and n.buffer in allocated:
+                access.setdefault(n.buffer, set()).add(n.indices)
+                count[n.buffer] = count.get(n.buffer, 0) + 1
+    for buf, idxs in access.items():
+        if len(idxs) != 1 or buf not in stored or count[buf] < 3:
+            continue
+        (idx,) = idxs
+        if any(_vars(i) & inner_vars for i in idx) or any(isinstance(n, Load) for i in idx for n in walk(i)):
+            continue
+        a = allocated[buf]
+        reg = f"{buf}.reg"
+        first = body.body[0] if isinstance(body, Seq) and body.body else body
+        new = _rewrite_stmt(body, buf, idx, reg)
+        pre: tuple[Stmt, ...] = ()
+        if not (isinstance(first, Store) and first.buffer == buf
+                and not any(isinstance(n, Load) and n.buffer == buf for n in walk(first.value))):
+            pre = (Store(reg, (Const(0, INDEX),), Load(buf, idx, a.dtype)),)
+        post = Store(buf, idx, Load(reg, (Const(0, INDEX),), a.dtype))
+        body = Allocate(reg, a.dtype, (1,), "local", Seq((*pre, new, post)))
+    return body
+
+
+def _scalarize(s: Stmt, allocated: dict) -> Stmt:
+    """Scalar replacement (see `_scalarize_body`) in every thread loop; `allocated`: name -> Allocate or
+    BufferDecl of the kernel's own buffers and the function's global temporaries."""
+    if isinstance(s, For):
+        b = _scalarize(s.body, allocated)
+        if s.kind in _THREAD:
+            b = _scalarize_body(b, allocated)
+        return For(s.var, s.min, s.extent, s.kind, b, s.annotations)
+    if isinstance(s, Seq):
+        return Seq(tuple(_scalarize(c, allocated) for c in s.body))
+    if isinstance(s, If):
+        return If(s.cond, _scalarize(s.then, allocated),
+                  None if s.otherwise is None else _scalarize(s.otherwise, allocated))
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, s.dtype, s.shape, s.scope, _scalarize(s.body, allocated))
+    return s
+
+
 def _is_index_expr(e: Expr) -> bool:
     return not any(isinstance(n, Load) or (n.dtype is not INDEX and not isinstance(n, Compare)) for n in walk(e))
 
@@ -755,7 +956,7 @@ def generate_cuda(func: LoopFunc) -> CudaSource:
     body_text = []
     for k, kern in enumerate(kernels):
         name = f"{base}_k{k}" if len(kernels) > 1 else base
-        text, launch = _kernel(name, kern, params, inputs, idx)
+        text, launch = _kernel(name, kern, params, inputs, idx, frozenset(a.buffer for a in temps))
         body_text.append(text)
         launches.append(launch)
     temp_decls = tuple(BufferDecl(a.buffer, a.shape, a.dtype, "global") for a in temps)
@@ -778,7 +979,11 @@ def _sync(kern: Stmt, plan: _KernelPlan, name: str) -> Stmt:
     return out
 
 
-def _kernel(name: str, kern: Stmt, params: dict[str, BufferDecl], inputs: set[str], idx: str) -> tuple[str, Launch]:
+def _kernel(name: str, kern: Stmt, params: dict[str, BufferDecl], inputs: set[str], idx: str,
+            temps: frozenset[str] = frozenset()) -> tuple[str, Launch]:
+    scal: dict = {n: params[n] for n in temps}
+    scal.update({a.buffer: a for a in walk_stmts(kern) if isinstance(a, Allocate)})
+    kern = _scalarize(kern, scal)
     plan = _plan(kern, name)
     kern = _sync(kern, plan, name)
     _check_barriers(kern, plan, name)

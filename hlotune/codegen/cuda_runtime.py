@@ -10,6 +10,11 @@ Map:
                                    device arrays (anything with __cuda_array_interface__, used in place);
                                    `launch(*pointers)`, `time(*device_arrays)` (CUDA events)
   time_launches(fn, ...)           CUDA-event timing of any zero-argument launcher
+  DeviceArray                      a device buffer from the memory pool (shape, dtype, __cuda_array_interface__,
+                                   `get()` -> numpy); `to_device(np)`, `empty_device(shape, dtype)`,
+                                   `as_device(obj)` (a view of any __cuda_array_interface__ object)
+  source_artifact / kernel_from_artifact   what a builder process sends a GPU runner: cubin bytes + the
+                                   launches and temporaries as JSON (BuildResult.obj / .symbol)
 
 pycuda is imported lazily, so this module imports (and `compile_cubin` works) on machines with nvcc but
 no GPU or driver.  Kernels run in the device's primary context (the one PyTorch and CuPy use), so their
@@ -151,13 +156,14 @@ def detect_cuda_target() -> Target:
     major, minor = dev.compute_capability()
     smem = dev.get_attribute(a.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
     drv_ver = drv.get_driver_version()
-    tool = f"cuda{nvcc_version() or '.'.join(map(str, drv.get_version()[:2]))}"
+    drv_txt = f"{drv_ver // 1000}.{drv_ver % 1000 // 10}"
+    tool = f"cuda{nvcc_version() or '.'.join(map(str, drv.get_version()[:2]))}-drv{drv_txt}"
     fields = dict(kind="cuda", name=dev.name(), cores=dev.get_attribute(a.MULTIPROCESSOR_COUNT),
                   arch=f"sm_{major}{minor}", shared_mem_bytes=smem,
                   registers_per_block=dev.get_attribute(a.MAX_REGISTERS_PER_BLOCK),
                   max_threads_per_block=dev.get_attribute(a.MAX_THREADS_PER_BLOCK), toolchain=tool,
                   l2_bytes=dev.get_attribute(a.L2_CACHE_SIZE), memory_bytes=dev.total_memory(),
-                  driver_version=f"{drv_ver // 1000}.{drv_ver % 1000 // 10}")
+                  driver_version=drv_txt)
     return Target(**fields)
 
 
@@ -196,6 +202,7 @@ class CudaKernel:
             regs = fn.get_attribute(drv.function_attribute.NUM_REGS)
             self._launches.append(_Loaded(fn, ln.grid, ln.block, ln.dynamic_shared_bytes, ln.params, regs))
         self._temps: dict[str, object] = {}
+        self._order = None
         self._np = [(p.name, p.dtype.np, tuple(p.shape), i >= len(func.inputs)) for i, p in enumerate(func.params)]
 
     def __repr__(self) -> str:
@@ -239,6 +246,20 @@ class CudaKernel:
                 n = max(1, int(np.prod(t.shape))) * t.dtype.np.itemsize
                 self._temps[t.name] = drv.mem_alloc(n)
         return {k: int(v) for k, v in self._temps.items()}
+
+    def call_unchecked(self, ptrs) -> None:
+        """Launch on raw device pointers in parameter order (inputs then outputs), no checks (the whole-model
+        executable's own buffers)."""
+        order = self._order
+        if order is None:
+            names = [p.name for p in self.func.params]
+            temps = self._temp_ptrs()
+            self._order = order = [(ln, [names.index(n) if n in names else -1 - list(temps).index(n)
+                                         for n in ln.params], [temps.get(n) for n in ln.params])
+                                   for ln in self._launches]
+        for ln, idx, tp in order:
+            ln.fn.prepared_call(ln.grid, ln.block, *[ptrs[i] if i >= 0 else t for i, t in zip(idx, tp)],
+                                shared_size=ln.dyn_shared)
 
     def launch(self, ptrs: dict[str, int]) -> None:
         """Launch every kernel on the default stream with buffer name -> device pointer (inputs, outputs)."""
@@ -329,6 +350,136 @@ def time_launches(fn, warmup: int = 3, min_time: float = 0.05, repeat: int = 5) 
     return out
 
 
+# ----------------------------------------------------------------------------- device arrays
+
+_POOL = None
+
+
+def _pool():
+    global _POOL
+    if _POOL is None:
+        context()
+        import pycuda.tools
+        _POOL = pycuda.tools.DeviceMemoryPool()
+    return _POOL
+
+
+class DeviceArray:
+    """A C-contiguous array in device memory (from a pool: freeing it returns the memory for reuse).
+    Exposes `__cuda_array_interface__`, so `torch.as_tensor(a, device="cuda")` and `cupy.asarray(a)` use it
+    without a copy; `get()` copies it to a numpy array."""
+
+    __slots__ = ("shape", "dtype", "ptr", "_owner", "__weakref__")
+
+    def __init__(self, shape, dtype, ptr: int, owner=None):
+        self.shape = tuple(int(x) for x in shape)
+        self.dtype = np.dtype(dtype)
+        self.ptr = int(ptr)
+        self._owner = owner
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False), "version": 3,
+                "strides": None}
+
+    def get(self) -> np.ndarray:
+        """A numpy copy (synchronous)."""
+        out = np.empty(self.shape, self.dtype)
+        if out.nbytes:
+            _drv().memcpy_dtoh(out, self.ptr)
+        return out
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.get()
+        return a if dtype is None else a.astype(dtype)
+
+    def reshape(self, shape) -> DeviceArray:
+        """A view with another shape (same number of elements)."""
+        shape = tuple(int(x) for x in shape)
+        if int(np.prod(shape, dtype=np.int64)) != int(np.prod(self.shape, dtype=np.int64)):
+            raise InputError(f"cannot reshape a device array of shape {self.shape} to {shape}")
+        return DeviceArray(shape, self.dtype, self.ptr, self)
+
+    def copy(self) -> DeviceArray:
+        out = empty_device(self.shape, self.dtype)
+        if self.nbytes:
+            _drv().memcpy_dtod_async(out.ptr, self.ptr, self.nbytes)
+        return out
+
+    def __repr__(self) -> str:
+        return f"DeviceArray({self.dtype}{list(self.shape)} at 0x{self.ptr:x})"
+
+
+def empty_device(shape, dtype) -> DeviceArray:
+    """An uninitialized device array (pool memory)."""
+    dt = np.dtype(dtype)
+    n = max(1, int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
+    mem = _pool().allocate(n)
+    return DeviceArray(shape, dt, int(mem), mem)
+
+
+def to_device(a) -> DeviceArray:
+    """A device copy of a numpy array (synchronous)."""
+    arr = np.ascontiguousarray(a)
+    out = empty_device(arr.shape, arr.dtype)
+    if arr.nbytes:
+        _drv().memcpy_htod(out.ptr, arr)
+    return out
+
+
+def as_device(obj, shape=None, dtype=None, what: str = "argument") -> DeviceArray:
+    """A DeviceArray view of `obj` (anything with __cuda_array_interface__, C-contiguous), checked against
+    `shape` / `dtype` when given."""
+    if isinstance(obj, DeviceArray):
+        d = obj
+    else:
+        cai = obj.__cuda_array_interface__
+        shp, dt = tuple(cai["shape"]), np.dtype(cai["typestr"])
+        if cai.get("strides") not in (None, tuple(np.zeros(shp, dt).strides)) and int(np.prod(shp)) > 1:
+            raise InputError(f"{what}: device array is not C-contiguous")
+        d = DeviceArray(shp, dt, int(cai["data"][0]), obj)
+    if shape is not None and tuple(d.shape) != tuple(shape):
+        raise InputError(f"{what}: expected shape {list(shape)}, got {list(d.shape)}")
+    if dtype is not None and d.dtype != np.dtype(dtype):
+        raise InputError(f"{what}: expected dtype {np.dtype(dtype)}, got {d.dtype}")
+    return d
+
+
+def synchronize() -> None:
+    """Wait for all work on the device."""
+    context()
+    _drv().Context.synchronize()
+
+
+# ----------------------------------------------------------------------------- builder <-> runner artifacts
+
+def source_artifact(src: CudaSource) -> str:
+    """The launches and temporaries of `src` as JSON (the cubin travels separately)."""
+    import json
+    return json.dumps({"launches": [[ln.name, list(ln.grid), list(ln.block), ln.shared_bytes,
+                                     ln.dynamic_shared_bytes, list(ln.params)] for ln in src.launches],
+                       "temps": [[t.name, list(t.shape), t.dtype.value] for t in src.temps],
+                       "index_bits": src.index_bits})
+
+
+def kernel_from_artifact(func: LoopFunc, cubin: bytes, artifact: str, target: Target,
+                         compile_seconds: float = 0.0) -> CudaKernel:
+    """Load a cubin built elsewhere (a builder process) as a CudaKernel of `func` (its body may be empty)."""
+    import json
+
+    from ..ir.hlo import DType
+    from ..schedule_space.loop_ir import BufferDecl
+    from .cuda import Launch
+    d = json.loads(artifact)
+    launches = tuple(Launch(n, tuple(g), tuple(b), sb, db, tuple(p)) for n, g, b, sb, db, p in d["launches"])
+    temps = tuple(BufferDecl(n, tuple(s), DType(dt), "global") for n, s, dt in d["temps"])
+    return CudaKernel(func, CudaSource(func, "", launches, temps, d["index_bits"]), cubin, target, compile_seconds)
+
+
 _KCACHE: dict[tuple[str, str], CudaKernel] = {}
 
 
@@ -355,4 +506,6 @@ def build_cuda(func: LoopFunc, target: Target | None = None, *, context: str | N
     return k
 
 
-__all__ = ["build_cuda", "CudaKernel", "compile_cubin", "detect_cuda_target", "nvcc_version", "time_launches"]
+__all__ = ["build_cuda", "CudaKernel", "compile_cubin", "detect_cuda_target", "nvcc_version", "time_launches",
+           "DeviceArray", "empty_device", "to_device", "as_device", "synchronize", "source_artifact",
+           "kernel_from_artifact"]

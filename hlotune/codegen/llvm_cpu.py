@@ -4,7 +4,8 @@ Map:
   build_cpu(func, target, context)  LoopFunc -> CpuKernel (cached in memory by func.key + target)
   CpuKernel                         `kernel(*arrays)` checks shapes/dtypes and runs the machine code;
                                     `bind(*arrays)` returns a checked zero-argument runner for timing
-                                    loops; `llvm_ir`, `optimized_ir`, `assembly()`, `compile_seconds`
+                                    loops; `call_unchecked(ptrs)` for callers that own their buffers;
+                                    `llvm_ir`, `optimized_ir`, `assembly()`, `compile_seconds`
   target_machine(target)            an llvmlite TargetMachine for a cpu Target (host CPU name/features)
   optimize(mod, tm, level)          LLVM's new pass manager, O<level> pipeline
   clear_cache()
@@ -75,11 +76,18 @@ def target_machine(target: Target | None = None, opt_level: int = 3) -> llvm.Tar
     key = f"{t.fingerprint}|{t.llvm_features}|{opt_level}"
     tm = _TM.get(key)
     if tm is None:
-        tgt = llvm.Target.from_triple(t.triple or llvm.get_process_triple())
-        tm = tgt.create_target_machine(cpu=t.name, features=t.llvm_features, opt=min(max(opt_level, 0), 3),
-                                       reloc="default", codemodel="jitdefault", jit=True)
-        _TM[key] = tm
+        tm = _TM[key] = _new_target_machine(t, opt_level)
     return tm
+
+
+def _new_target_machine(t: Target, opt_level: int = 3) -> llvm.TargetMachine:
+    """A fresh TargetMachine.  An MCJIT engine takes ownership of the machine it is given (llvmlite marks
+    it owned and LLVM deletes it with the engine), so every engine gets its own: handing it the cached
+    one would leave the cache pointing at freed memory once the engine's kernel is dropped."""
+    _init_llvm()
+    tgt = llvm.Target.from_triple(t.triple or llvm.get_process_triple())
+    return tgt.create_target_machine(cpu=t.name, features=t.llvm_features, opt=min(max(opt_level, 0), 3),
+                                     reloc="default", codemodel="jitdefault", jit=True)
 
 
 def optimize(mod: llvm.ModuleRef, tm: llvm.TargetMachine, level: int = 3) -> None:
@@ -156,7 +164,7 @@ class CpuKernel:
                                      " (kernels do not work in place)")
 
     def _start_runtime(self) -> cpu_runtime.Runtime:
-        rt = cpu_runtime.runtime(lambda: target_machine(self.target))
+        rt = cpu_runtime.runtime(lambda: _new_target_machine(self.target))
         rt.ensure_started(num_threads(self.target))
         return rt
 
@@ -164,6 +172,17 @@ class CpuKernel:
         ptrs, _keep = self._check(arrays)
         if self.parallel:
             rt = self._start_runtime()
+            with rt.lock:
+                self._cfunc(*ptrs)
+        else:
+            self._cfunc(*ptrs)
+
+    def call_unchecked(self, ptrs: list[int] | tuple[int, ...]) -> None:
+        """Run on raw data pointers (inputs then outputs), with no checks: the caller guarantees the
+        shapes, dtypes, C-contiguity and that no output overlaps another buffer (the whole-model
+        executable's own buffers), and keeps the arrays alive during the call."""
+        if self.parallel:
+            rt = self._start_runtime()   # (re)starts the workers after a fork
             with rt.lock:
                 self._cfunc(*ptrs)
         else:
@@ -210,7 +229,7 @@ def _compile(func: LoopFunc, target: Target, opt_level: int, context: str | None
     text = str(module)
     config.debug(4, "LLVM IR of %s%s:\n%s", func.name, where, text)
     if parallel:  # the kernel calls hlotune_rt_launch: make sure the runtime's symbol exists
-        cpu_runtime.runtime(lambda: target_machine(target))
+        cpu_runtime.runtime(lambda: _new_target_machine(target))
     try:
         mod = llvm.parse_assembly(text)
         mod.verify()
@@ -221,7 +240,7 @@ def _compile(func: LoopFunc, target: Target, opt_level: int, context: str | None
     optimize(mod, tm, opt_level)
     optimized = str(mod)
     config.debug(5, "optimized LLVM IR of %s:\n%s", func.name, optimized)
-    engine = llvm.create_mcjit_compiler(mod, tm)
+    engine = llvm.create_mcjit_compiler(mod, _new_target_machine(target))   # the engine owns its machine
     engine.finalize_object()
     addr = engine.get_function_address(name)
     if not addr:

@@ -349,6 +349,7 @@ class FuncEmitter:
         self.unroll_max = 0
         self.vec: tuple[str, int, ir.Value] | None = None   # (var, lanes, scalar base) in vector mode
         self.spec = False
+        self.ranges: dict[str, tuple[int, int]] = {}   # loop variables with constant bounds (inclusive)
         self.memo: dict[tuple, tuple[Expr, ir.Value]] = {}
         self.consts: dict[str, int] = {}   # variables of unrolled loops (constant right now)
         self.vec_base: int | None = 0       # the vectorized loop's first value when constant
@@ -392,17 +393,72 @@ class FuncEmitter:
                     ForKind.THREAD_Z):
             raise CompileError(f"loop {s.var.name} is bound to {kind.value}, which the CPU has no use for")
         if kind is ForKind.PARALLEL and not self.in_parallel and self.me.allow_parallel and self.vec is None:
-            return self.parallel(s)
+            with self._range_of(s):
+                return self.parallel(s)
         if kind is ForKind.VECTORIZED and self.vec is None and vector_plan(s, self._shapes(), self.consts):
-            return self.vector_loop(s)
+            with self._range_of(s):
+                return self.vector_loop(s)
         n = s.const_extent
         if n is not None and self.vec is None and kind is not ForKind.PARALLEL and (
                 kind is ForKind.UNROLLED or (self.unroll_max > 0 and unroll_size(s) <= self.unroll_max)):
-            return self.unrolled(s, n)
+            with self._range_of(s):
+                return self.unrolled(s, n)
         self.memo = {}
         lo = self.index(s.min)
         hi = self.b.add(lo, self.index(s.extent), flags=["nsw"])
-        self.serial(s.var.name, lo, hi, s.body)
+        with self._range_of(s):
+            self.serial(s.var.name, lo, hi, s.body)
+
+    @contextmanager
+    def _range_of(self, s: For):
+        """Record the loop variable's bounds while its body is emitted (constant min and extent only)."""
+        v = s.var.name
+        old = self.ranges.pop(v, None)
+        if isinstance(s.min, Const) and isinstance(s.extent, Const) and int(s.extent.value) > 0:
+            self.ranges[v] = (int(s.min.value), int(s.min.value) + int(s.extent.value) - 1)
+        try:
+            yield
+        finally:
+            self.ranges.pop(v, None)
+            if old is not None:
+                self.ranges[v] = old
+
+    def _bounds(self, e: Expr) -> tuple[int, int] | None:
+        """Inclusive bounds of an integer index expression from the enclosing loops' bounds; None if unknown."""
+        if isinstance(e, Var):
+            return self.ranges.get(e.name)
+        if isinstance(e, Const):
+            return None if e.dtype.is_float else (int(e.value), int(e.value))
+        if not isinstance(e, Binary) or e.dtype.is_float or e.dtype is DType.PRED:
+            return None
+        a, c = self._bounds(e.a), self._bounds(e.b)
+        if a is None or c is None:
+            return None
+        op = e.op
+        if op is Op.ADD:
+            return a[0] + c[0], a[1] + c[1]
+        if op is Op.SUBTRACT:
+            return a[0] - c[1], a[1] - c[0]
+        if op is Op.MULTIPLY:
+            ps = [x * y for x in a for y in c]
+            return min(ps), max(ps)
+        if op is Op.MAXIMUM:
+            return max(a[0], c[0]), max(a[1], c[1])
+        if op is Op.MINIMUM:
+            return min(a[0], c[0]), min(a[1], c[1])
+        if op in (Op.DIVIDE, Op.REMAINDER) and c[0] == c[1] and c[0] > 0 and a[0] >= 0:
+            return (a[0] // c[0], a[1] // c[0]) if op is Op.DIVIDE else (0, min(a[1], c[0] - 1))
+        return None
+
+    def _in_bounds(self, buf: _Buf, indices: tuple[Expr, ...]) -> bool:
+        """Every index provably within its dimension (a speculative load then needs no clamp)."""
+        if len(indices) != len(buf.shape):
+            return False
+        for idx, d in zip(indices, buf.shape):
+            bd = self._bounds(idx)
+            if bd is None or bd[0] < 0 or bd[1] >= d:
+                return False
+        return True
 
     def _shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: v.shape for k, v in self.bufs.items()}
@@ -547,6 +603,7 @@ class FuncEmitter:
         nv = dict(zip(vnames, body_fn.args[len(bufs):]))
         sub = FuncEmitter(me, body_fn, nb, nv, in_parallel=True)
         sub.unroll_max = self.unroll_max
+        sub.ranges = dict(self.ranges)
         sub.serial(s.var.name, body_fn.args[-2], body_fn.args[-1], s.body)
         sub.finish()
         # the task: NAME_taskK(ctx, tid, nthreads) -> chunk [ext*tid/n, ext*(tid+1)/n) + lo
@@ -733,9 +790,10 @@ class FuncEmitter:
         buf = self._buf(e.buffer)
         align = elem_bytes(buf.dtype)
         sty = store_type(buf.dtype)
+        spec = self.spec and not self._in_bounds(buf, e.indices)
         if self.vec is None:
             off = self._offset(buf, e.indices)
-            if self.spec:
+            if spec:
                 off = self._clamp(off, buf.size)
             return self._from_memory(buf.dtype, self.b.load(self._gep(buf, off), typ=sty, align=align))
         var, n, base = self.vec
@@ -743,10 +801,10 @@ class FuncEmitter:
         if c == 0:
             with self._scalar_mode():
                 return self.load(e)
-        if c == 1 and not (self.spec and buf.size < n):
+        if c == 1 and not (spec and buf.size < n):
             off = self._scalar_offset(buf, e.indices)
             vt = ir.VectorType(sty, n)
-            if not self.spec:
+            if not spec:
                 return self._from_memory(buf.dtype, self.b.load(self._gep(buf, off), typ=vt, align=align))
             return self._from_memory(buf.dtype, self._guarded_vector_load(buf, e, off, vt))
         return self._from_memory(buf.dtype, self._gather(buf, e.indices, n))

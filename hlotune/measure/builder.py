@@ -81,6 +81,21 @@ def compile_object(func: LoopFunc, target: Target, opt_level: int | None = None)
     return BuildResult(obj=bytes(obj), symbol=symbol, func=stub, parallel=parallel)
 
 
+#: target kind -> "module:function" compiling a LoopFunc to a BuildResult in a builder process
+COMPILERS = {"cpu": "hlotune.measure.builder:compile_object",
+             "cuda": "hlotune.measure.gpu_runner:compile_cuda_object"}
+
+
+def _compiler(kind: str):
+    import importlib
+
+    from ..errors import UnsupportedError
+    if kind not in COMPILERS:
+        raise UnsupportedError(f"no builder for target kind {kind!r}")
+    mod, _, fn = COMPILERS[kind].partition(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
 def build_one(job: BuildJob) -> BuildResult:
     """Lower `job`'s schedule and compile it; errors become the result's kind and message."""
     from ..schedule_space.lower import lower
@@ -94,7 +109,7 @@ def build_one(job: BuildJob) -> BuildResult:
         return BuildResult(error_kind=ErrorKind.INSTANTIATION, error_msg=f"{type(e).__name__}: {e}",
                            build_s=time.perf_counter() - t0)
     try:
-        res = compile_object(func, job.target)
+        res = _compiler(job.target.kind)(func, job.target)
     except HlotuneError as e:
         return BuildResult(error_kind=ErrorKind.COMPILE, error_msg=str(e), build_s=time.perf_counter() - t0)
     except Exception as e:

@@ -35,6 +35,17 @@ from .runner import RUN_FAULTS, LocalRunner, TimingConfig
 
 FAULTS = RUN_FAULTS + ("build_segfault", "build_hang", "build_raise")
 
+#: target kind -> "module:Class" of the runner that owns that kind of device
+RUNNERS = {"cpu": "hlotune.measure.runner:LocalRunner", "cuda": "hlotune.measure.gpu_runner:GpuRunner"}
+
+
+def make_runner(target, timing: TimingConfig | None = None, **kw):
+    """The runner for `target`'s kind (RUNNERS), e.g. a GpuRunner for "cuda"."""
+    import importlib
+
+    mod, _, cls = RUNNERS[target.kind].partition(":")
+    return getattr(importlib.import_module(mod), cls)(timing, target=target, **kw)
+
 
 @dataclass(frozen=True)
 class FaultHook:
@@ -160,5 +171,6 @@ class ProgramMeasurer:
 def measure_batch(inputs: Sequence[MeasureInput], *, timing: TimingConfig | None = None,
                   fault_hook: FaultHook | None = None, **runner_kw) -> list[MeasureResult]:
     """Measure one batch with a measurer made for it (processes started and stopped here)."""
-    with ProgramMeasurer(runner=LocalRunner(timing, **runner_kw), fault_hook=fault_hook) as m:
+    runner = make_runner(inputs[0].task.target, timing, **runner_kw) if inputs else LocalRunner(timing, **runner_kw)
+    with ProgramMeasurer(runner=runner, fault_hook=fault_hook) as m:
         return m.measure_batch(inputs)

@@ -40,22 +40,34 @@ THREADS = 256          # threads per block of elementwise and reduction kernels
 MAX_THREADS = 1024
 
 
-def default_gpu_schedule(cd: ComputeDef, target: Target | None = None, rng=None) -> list[Step]:
-    """Steps of the default GPU schedule of `cd` (for a `cuda` target; the target only bounds threads).
-    With `rng` (a numpy Generator), tile sizes, threads and elements per thread are drawn at random among
-    legal choices instead (tests, and seeds for the search)."""
-    global _RNG
+def default_gpu_schedule(cd: ComputeDef, target: Target | None = None, rng=None, *,
+                         options: dict | None = None) -> list[Step]:
+    """Steps of the default GPU schedule of `cd` (for a `cuda` target; the target bounds threads and gives
+    the SM count).  With `rng` (a numpy Generator), tile sizes, threads and elements per thread are drawn at
+    random among legal choices instead (tests, and seeds for the search).  `options` (benchmarks): "tiles"
+    = (MR, NR, TI, TJ, BK) for dot/conv stages, "per" = elements per thread and "threads" = threads per
+    block of elementwise stages."""
+    global _RNG, _OPTS
     max_threads = (target.max_threads_per_block if target is not None and target.max_threads_per_block
                    else MAX_THREADS)
-    threads = min(THREADS, max_threads)
+    threads = min(int((options or {}).get("threads", THREADS)), max_threads)
     _RNG = rng
+    _OPTS = dict(options or {})
+    _OPTS.setdefault("sms", target.cores if target is not None and target.kind == "cuda" else SMS)
     try:
         return _schedule(cd, max_threads, threads if rng is None else int(rng.choice([32, 64, 128, 256, 512])))
     finally:
         _RNG = None
+        _OPTS = {}
 
 
 _RNG = None
+_OPTS: dict = {}
+SMS = 132              # SM count assumed when no cuda target is given (H200)
+#: per-thread tile MR x NR, thread grid TI x TJ (TJ = 32: one warp spans a row of the block tile, so the
+#: shared-memory reads of B are consecutive float4s and A's are broadcasts), preferred first; the first
+#: that divides the output and gives at least one block per SM is taken
+_WARP_ROW_TILES = ((16, 4, 8, 32), (8, 4, 8, 32), (4, 4, 8, 32), (4, 4, 4, 32), (2, 4, 4, 32), (1, 4, 4, 32))
 
 
 def _pick(default: int, n: int, cap: int) -> int:
@@ -155,8 +167,17 @@ def _product_of_two_inputs(cd: ComputeDef, stage: Stage) -> tuple[str, str] | No
     return None
 
 
-def _tile_sizes(I: int, J: int, K: int, max_threads: int) -> tuple[int, int, int, int, int]:
+def _tile_sizes(I: int, J: int, K: int, max_threads: int, batch: int = 1) -> tuple[int, int, int, int, int]:
     """(MR, NR, TI, TJ, BK): per-thread register tile, thread grid, reduction step (all divisors)."""
+    if "tiles" in _OPTS:
+        return tuple(int(x) for x in _OPTS["tiles"])  # type: ignore[return-value]
+    if _RNG is None:
+        fits = [t for t in _WARP_ROW_TILES if I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0
+                and t[2] * t[3] <= max_threads]
+        for mr, nr, ti, tj in fits:
+            blocks = batch * (I // (mr * ti)) * (J // (nr * tj))
+            if blocks >= 0.9 * _OPTS.get("sms", SMS) or (mr, nr, ti, tj) == fits[-1]:
+                return mr, nr, ti, tj, _divisor_at_most(K, 16)
     big = I * J >= 512 * 512
     mr = _pick(_divisor_at_most(I, 8 if big else 4), I, 8)
     nr = _pick(_divisor_at_most(J, 8 if big else 4), J, 8)
@@ -174,7 +195,10 @@ def _tiled(cd: ComputeDef, out: str, red: str, axes, red_stage: Stage, max_threa
     K = 1
     for a in k_axes:
         K *= a.extent
-    mr, nr, ti, tj, bk = _tile_sizes(ax_i.extent, ax_j.extent, k_axes[-1].extent, max_threads)
+    nb = 1
+    for a in batch:
+        nb *= a.extent
+    mr, nr, ti, tj, bk = _tile_sizes(ax_i.extent, ax_j.extent, k_axes[-1].extent, max_threads, nb)
     i, j = ax_i.name, ax_j.name
     steps: list[Step] = []
     pair = _product_of_two_inputs(cd, red_stage)
@@ -266,6 +290,8 @@ def _row_reduction(name: str, space: list[str], red: list[str], rn: int, threads
     fs, s = _fuse_all(name, space)
     steps += fs + [Annotate(name, s, ForKind.BLOCK_X), ComputeAt(rf, name, s),
                    Annotate(rf, f"{r}.1", ForKind.THREAD_X)]
+    if 1 < rn // t <= 32:   # the per-thread serial part: unrolled, so its loads are in flight together
+        steps.append(Annotate(rf, f"{r}.0", ForKind.UNROLLED))
     return steps
 
 
@@ -302,6 +328,8 @@ def _elementwise(name: str, axes, threads: int) -> list[Step]:
     steps, f = _fuse_all(name, its)
     t = min(threads, n)
     per = 4 if n >= t * 4 * 1024 else 1
+    if "per" in _OPTS and n % (int(_OPTS["per"]) * t) == 0:
+        per = int(_OPTS["per"])
     if _RNG is not None:
         per = int(_RNG.choice([1, 2, 4]))
     if per > 1:

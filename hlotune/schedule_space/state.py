@@ -52,6 +52,7 @@ from .steps import (
     FollowFusedSplit,
     FollowSplit,
     Fuse,
+    Pack,
     Pragma,
     Reorder,
     RFactor,
@@ -638,6 +639,76 @@ def _rfactor(state: State, s: RFactor) -> State:
     return _insert(state, state.by_name[s.stage], rf_st)
 
 
+def _pack(state: State, s: Pack) -> State:
+    """Root stage `<stage>.pack` = buffer `stage` with dimension `axis` split by `factor` (outer part at
+    `outer_pos` among the other dimensions, inner part last); `readers` load from it instead."""
+    shape, dtype = _buffer_info(state, s.stage)
+    nd = len(shape)
+    if s.stage in state.by_name and state.stage(s.stage).attach.kind == "inline":
+        raise ScheduleError(f"pack of inlined stage {s.stage}")
+    for v, what in ((s.axis, "axis"), (s.factor, "factor"), (s.outer_pos, "outer_pos")):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ScheduleError(f"pack of {s.stage}: {what} {v!r} must be an integer")
+    if not 0 <= s.axis < nd:
+        raise ScheduleError(f"pack of {s.stage}: axis {s.axis} out of range for rank {nd}")
+    if s.factor < 1 or shape[s.axis] % s.factor:
+        raise ScheduleError(f"pack of {s.stage}: factor {s.factor} does not divide dimension {s.axis} "
+                            f"(extent {shape[s.axis]})")
+    if not 0 <= s.outer_pos < nd:
+        raise ScheduleError(f"pack of {s.stage}: outer_pos {s.outer_pos} not in [0, {nd - 1}]")
+    if not s.readers:
+        raise ScheduleError(f"pack of {s.stage}: no readers")
+    for r in s.readers:
+        rs = state.stage(r)
+        if rs.attach.kind == "inline" or s.stage not in loads_of(rs.op.body):
+            raise ScheduleError(f"pack of {s.stage}: {r} does not read it (directly)")
+    name = _fresh(set(state.by_name) | {b.name for b in state.cd.inputs}, f"{s.stage}.pack")
+    rest = [d for d in range(nd) if d != s.axis]
+    dims = rest[:s.outer_pos] + [-1] + rest[s.outer_pos:]          # -1: the outer part of `axis`
+    ext = {d: shape[d] for d in rest}
+    ext[-1] = shape[s.axis] // s.factor
+    axes = tuple(Axis(f"ax{k}", ext[d]) for k, d in enumerate(dims)) + (Axis(f"ax{len(dims)}", s.factor),)
+    src = [None] * nd
+    for a, d in zip(axes, dims):
+        if d >= 0:
+            src[d] = a.var
+    src[s.axis] = Binary(Op.ADD, Binary(Op.MULTIPLY, axes[dims.index(-1)].var, ic(s.factor), INDEX),
+                         axes[-1].var, INDEX)
+    op = Stage(name, axes, Load(s.stage, tuple(src), dtype), dtype)
+
+    def repack(e: Expr) -> Expr:
+        if isinstance(e, Load) and e.buffer == s.stage:
+            idx = [repack(i) for i in e.indices]
+            j = idx[s.axis]
+            new = [idx[d] for d in rest]
+            new.insert(s.outer_pos, Binary(Op.DIVIDE, j, ic(s.factor), INDEX))
+            return Load(name, tuple(new) + (Binary(Op.REMAINDER, j, ic(s.factor), INDEX),), e.dtype)
+        return _map_exprs(e, repack)
+
+    for r in s.readers:
+        rs = state.stage(r)
+        state = state.with_stage(replace(rs, op=replace(rs.op, body=repack(rs.op.body))))
+    first = min(state.by_name[r] for r in s.readers)
+    return _insert(state, first, StageState(name, op, initial_iters(op)))
+
+
+def _map_exprs(e: Expr, fn) -> Expr:
+    """`e` with `fn` applied to each direct child expression."""
+    if isinstance(e, Load):
+        return Load(e.buffer, tuple(fn(i) for i in e.indices), e.dtype)
+    if isinstance(e, Unary):
+        return Unary(e.op, fn(e.a), e.dtype)
+    if isinstance(e, Binary):
+        return Binary(e.op, fn(e.a), fn(e.b), e.dtype)
+    if isinstance(e, Compare):
+        return Compare(e.direction, fn(e.a), fn(e.b), e.dtype)
+    if isinstance(e, Select):
+        return Select(fn(e.cond), fn(e.t), fn(e.f), e.dtype)
+    if isinstance(e, Cast):
+        return Cast(fn(e.a), e.dtype)
+    return e
+
+
 def _annotate(state: State, s: Annotate) -> State:
     st = state.stage(s.stage)
     pos = st.iter_pos(s.iter)
@@ -685,7 +756,7 @@ _APPLY = {
     Split: _split, FollowSplit: _follow_split, FollowFusedSplit: _follow_fused_split, Reorder: _reorder,
     Fuse: _fuse, ComputeAt: _compute_at, ComputeInline: _compute_inline, ComputeRoot: _compute_root,
     CacheRead: _cache_read, CacheWrite: _cache_write, RFactor: _rfactor, Annotate: _annotate,
-    Pragma: _pragma, StorageAlign: _storage_align,
+    Pragma: _pragma, StorageAlign: _storage_align, Pack: _pack,
 }
 
 
@@ -696,7 +767,7 @@ def apply(state: State, step: Step) -> State:
         raise ScheduleError(f"not a schedule step: {step!r}")
     try:
         new = fn(state, step)
-        if isinstance(step, CacheRead | CacheWrite | RFactor | ComputeInline | ComputeRoot):
+        if isinstance(step, CacheRead | CacheWrite | RFactor | ComputeInline | ComputeRoot | Pack):
             for st in new.stages:
                 check_attach(new, st.name)
     except ScheduleError as e:

@@ -2,19 +2,19 @@
 
 Map:
   Step kinds     Split FollowSplit FollowFusedSplit Reorder Fuse ComputeAt ComputeInline ComputeRoot
-                 CacheRead CacheWrite RFactor Annotate Pragma StorageAlign (frozen dataclasses)
+                 CacheRead CacheWrite RFactor Annotate Pragma StorageAlign Pack (frozen dataclasses)
   STEP_KINDS     JSON tag -> class
   step_to_json / step_from_json        one step <-> a JSON-able dict {"step": tag, fields...}
   step_str / parse_step                one step <-> one readable line: `split stage="C" iter="i" factors=[8,4]`
-  Schedule       (workload_key, steps) with a cached structural `key` (sha256 of the canonical JSON)
+  Schedule       (workload_key, steps, sketch id) with a cached structural `key` (sha256 of the canonical JSON)
   schedule_to_json / schedule_from_json, str(Schedule) / parse_schedule
 
 Stages and iterators are referred to by NAME, not by index.  Names are stable: a stage keeps its
 name when cache_read / cache_write / rfactor insert stages (which would shift Ansor's indices), and
 iterator names are generated deterministically by the steps themselves (split of `i` gives `i.0`,
 `i.1`, ...; fuse of `i.0`, `j.0` gives `i.0@j.0`; cache_write of `C` adds stage `C.local`; cache_read
-of `A` for scope shared adds `A.shared`; rfactor of `C` adds `C.rf`).  So replay is deterministic,
-steps read well in logs, and mutation / crossover can move a step between schedules of the same
+of `A` for scope shared adds `A.shared`; rfactor of `C` adds `C.rf`; pack of `B` adds `B.pack`).  So replay
+is deterministic, steps read well in logs, and mutation / crossover can move a step between schedules of the same
 sketch without renumbering.  `FollowSplit` / `FollowFusedSplit` refer to earlier Split steps by
 their position in the step list (as Ansor does), so a tile-size mutation of the source split is
 followed automatically.
@@ -179,9 +179,26 @@ class StorageAlign(Step):
     tag = "storage_align"
 
 
+@dataclass(frozen=True)
+class Pack(Step):
+    """Add root stage `<stage>.pack`, a copy of buffer `stage` (an input or a stage) in a blocked layout:
+    dimension `axis` is split by `factor` (which must divide it); the outer part becomes dimension
+    `outer_pos` among the other dimensions and the inner part the last dimension.  `readers` read the
+    copy: `B[k, j]` becomes `B.pack[j / f, k, j % f]` for axis=1, outer_pos=0 (contiguous panels of
+    `f` columns, GEMM's packed B).  E.g. f32[K, N] -> f32[N/f, K, f]; f32[b, N, K] with axis=1,
+    outer_pos=1 -> f32[b, N/f, K, f]."""
+
+    stage: str
+    readers: tuple[str, ...]
+    axis: int
+    factor: int
+    outer_pos: int = 0
+    tag = "pack"
+
+
 STEP_KINDS: dict[str, type] = {c.tag: c for c in (
     Split, FollowSplit, FollowFusedSplit, Reorder, Fuse, ComputeAt, ComputeInline, ComputeRoot,
-    CacheRead, CacheWrite, RFactor, Annotate, Pragma, StorageAlign)}
+    CacheRead, CacheWrite, RFactor, Annotate, Pragma, StorageAlign, Pack)}
 
 
 def _jsonable(v):
@@ -261,10 +278,12 @@ def parse_step(line: str) -> Step:
 
 @dataclass(frozen=True)
 class Schedule:
-    """A schedule: the workload it applies to and its steps, in order."""
+    """A schedule: the workload it applies to, its steps in order, and the id of the sketch it was
+    sampled from ("" for a hand-written or default schedule)."""
 
     workload_key: str
     steps: tuple[Step, ...]
+    sketch: str = ""
 
     @cached_property
     def key(self) -> str:
@@ -273,17 +292,23 @@ class Schedule:
         return hashlib.sha256(text.encode()).hexdigest()
 
     def __str__(self) -> str:
-        return "\n".join([f"schedule {_dump(self.workload_key)}"] + [step_str(s) for s in self.steps]) + "\n"
+        head = f"schedule {_dump(self.workload_key)}" + (f" sketch {_dump(self.sketch)}" if self.sketch else "")
+        return "\n".join([head] + [step_str(s) for s in self.steps]) + "\n"
 
 
 def schedule_to_json(s: Schedule) -> dict:
-    return {"workload_key": s.workload_key, "steps": [step_to_json(x) for x in s.steps]}
+    """{"workload_key", "sketch" (only when set, so keys of sketch-less schedules stay as they were), "steps"}."""
+    out: dict = {"workload_key": s.workload_key}
+    if s.sketch:
+        out["sketch"] = s.sketch
+    out["steps"] = [step_to_json(x) for x in s.steps]
+    return out
 
 
 def schedule_from_json(d: dict) -> Schedule:
     try:
-        return Schedule(str(d["workload_key"]), tuple(step_from_json(x) for x in d["steps"]))
-    except (KeyError, TypeError) as e:
+        return Schedule(str(d["workload_key"]), tuple(step_from_json(x) for x in d["steps"]), str(d.get("sketch", "")))
+    except (KeyError, TypeError, AttributeError) as e:
         raise ScheduleError(f"malformed schedule: {e}") from None
 
 
@@ -292,8 +317,16 @@ def parse_schedule(text: str) -> Schedule:
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     if not lines or not lines[0].startswith("schedule "):
         raise ScheduleError("schedule text must start with `schedule \"<workload key>\"`")
+    head = lines[0][len("schedule "):].strip()
+    dec = json.JSONDecoder()
     try:
-        key = json.loads(lines[0][len("schedule "):])
+        key, pos = dec.raw_decode(head)
+        rest = head[pos:].strip()
+        sketch = ""
+        if rest:
+            if not rest.startswith("sketch "):
+                raise ScheduleError(f"bad schedule header {lines[0]!r}: expected `sketch \"<id>\"` after the key")
+            sketch = str(json.loads(rest[len("sketch "):]))
     except json.JSONDecodeError as e:
         raise ScheduleError(f"bad schedule header {lines[0]!r}: {e}") from None
-    return Schedule(str(key), tuple(parse_step(ln) for ln in lines[1:]))
+    return Schedule(str(key), tuple(parse_step(ln) for ln in lines[1:]), sketch)

@@ -157,3 +157,15 @@ def test_split_extents_with_tail_and_follow():
     st = replay(cd, [Split("C", "i", (3, 2)), FollowSplit("D", "i", 0, 2), Split("D", "j", (4,), inner_to_outer=False)])
     assert [(i.name, i.extent) for i in st.stage("C").iters[:3]] == [("i.0", 2), ("i.1", 3), ("i.2", 2)]
     assert [(i.name, i.extent) for i in st.stage("D").iters] == [("i.0", 2), ("i.1", 6), ("j.0", 4), ("j.1", 3)]
+
+
+def test_schedule_sketch_field_round_trip_and_key():
+    s = Schedule("wk:abc", tuple(ALL_STEPS[:3]), "sk-0123abcd")
+    assert parse_schedule(str(s)) == s and str(s).splitlines()[0] == 'schedule "wk:abc" sketch "sk-0123abcd"'
+    assert schedule_from_json(json.loads(json.dumps(schedule_to_json(s)))) == s
+    plain = Schedule("wk:abc", tuple(ALL_STEPS[:3]))
+    assert "sketch" not in schedule_to_json(plain)   # keys of sketch-less schedules are unchanged
+    assert schedule_from_json({"workload_key": "wk:abc", "steps": schedule_to_json(plain)["steps"]}) == plain
+    assert plain.key != s.key
+    with pytest.raises(ScheduleError):
+        parse_schedule('schedule "wk:abc" sketchy "x"\n')

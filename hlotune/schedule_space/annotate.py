@@ -1,0 +1,426 @@
+"""Random annotation: fill a sketch's holes and decide its annotations -> valid schedules.
+
+Map:
+  factor_schemes(extent, n, max_innermost)  every n-tuple of tile factors whose product divides extent
+                                            (cached per extent; the innermost capped)
+  sample_tile(hole, rng, nondivisible)      one random factorization (sometimes a non-divisible one)
+  Decisions                                 everything a schedule of a sketch chose: tile factors per hole;
+                                            per site compute location, parallel fuse count, vector lanes,
+                                            unroll pragma
+  sample_schedules(sketch, task, rng, n)    up to n distinct valid schedules, reproducible from the seed
+  realize(sketch, decisions, ...)           decisions -> Schedule (strict, or repairing what no longer fits)
+  decisions_of(sketch, schedule)            the inverse: read the decisions back from the steps
+  check_state(state)                        the filter beyond replay: vector lanes <= 16 and dividing,
+                                            parallel loops of extent >= 2
+
+A schedule of a sketch is the sketch's template with its Split holes filled (same positions), then the
+annotation steps, in this order: the compute location of each location site (ComputeRoot / ComputeInline /
+ComputeAt, always explicit), then per site: Fuse of its outer space loops + Annotate parallel, Split of
+its innermost loop by the lanes + Annotate vectorized (or Annotate of the innermost loop as is), and a
+Pragma auto_unroll_max_step on its outermost loop.  Candidates for each decision are read off the
+replayed state (iterator extents and attach points), so every choice is legal by construction; replay
+itself is the validation (an illegal step raises ScheduleError and the candidate is dropped).
+
+Decision encodings (per site): loc () when not a location site, ("root",), ("inline",) or
+("at", stage, iterator); par = number of outer loops fused and made parallel (0: none); vec = 0 none,
+1 the innermost loop as is, v >= 2 split off v lanes and vectorize them; unroll = pragma value.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, replace
+from functools import cache, lru_cache
+
+import numpy as np
+
+from ..errors import ScheduleError
+from .loop_ir import ForKind
+from .sketch import MAX_LANES, UNROLL_CHOICES, Sketch, TileHole
+from .state import SplitRel, StageState, State, apply, consumers, propagate, replay
+from .steps import Annotate, ComputeAt, ComputeInline, ComputeRoot, Fuse, Pragma, Schedule, Split
+
+#: probability that a tile hole gets a random non-divisible factorization (guarded tails)
+NONDIVISIBLE = 0.1
+#: probability of choosing no parallel loop / no vectorization where one is possible
+P_NO_PARALLEL = 0.05
+P_NO_VECTOR = 0.1
+
+
+# ----------------------------------------------------------------------------- tile factors
+
+@cache
+def divisors(n: int) -> tuple[int, ...]:
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return tuple(small + large[::-1])
+
+
+@lru_cache(maxsize=4096)
+def factor_schemes(extent: int, n: int, max_innermost: int) -> tuple[tuple[int, ...], ...]:
+    """All (f1, ..., fn) (outer level first) with f1*...*fn dividing `extent` and fn <= max_innermost."""
+    out: list[tuple[int, ...]] = []
+
+    def rec(prefix: tuple[int, ...], rem: int) -> None:
+        if len(prefix) == n - 1:
+            for d in divisors(rem):
+                if d > max_innermost:
+                    break
+                out.append(prefix + (d,))
+            return
+        for d in divisors(rem):
+            rec(prefix + (d,), rem // d)
+
+    rec((), max(1, extent))
+    return tuple(out)
+
+
+def _log_uniform(rng: random.Random, hi: int) -> int:
+    if hi <= 1:
+        return 1
+    return max(1, min(hi, int(round(2.0 ** rng.uniform(0.0, math.log2(hi))))))
+
+
+def sample_tile(hole: TileHole, rng: random.Random, nondivisible: float = NONDIVISIBLE) -> tuple[int, ...]:
+    """Random factors for `hole`: uniform over `factor_schemes`, or (with probability `nondivisible`) a
+    log-uniform draw per level whose product need not divide the extent (the tail is guarded)."""
+    if nondivisible and hole.extent > 2 and rng.random() < nondivisible:
+        fs: list[int] = []
+        rem = hole.extent
+        for k in range(hole.n):
+            v = _log_uniform(rng, min(rem, hole.max_innermost) if k == 0 else rem)
+            fs.append(v)
+            rem = max(1, rem // v)
+        return tuple(reversed(fs))
+    schemes = factor_schemes(hole.extent, hole.n, hole.max_innermost)
+    return schemes[rng.randrange(len(schemes))]
+
+
+# ----------------------------------------------------------------------------- decisions
+
+@dataclass(frozen=True)
+class Decisions:
+    """What a schedule of a sketch chose (see the module docstring for the encodings)."""
+
+    tiles: tuple[tuple[int, ...], ...]
+    loc: tuple[tuple, ...]
+    par: tuple[int, ...]
+    vec: tuple[int, ...]
+    unroll: tuple[int, ...]
+
+
+class Resample:
+    """A decision value meaning "choose again at random, differently from `old` if possible"."""
+
+    __slots__ = ("old",)
+
+    def __init__(self, old):
+        self.old = old
+
+
+class _Chooser:
+    """Makes each decision: the fixed value when given and legal; else (with an rng) a random one."""
+
+    def __init__(self, rng: random.Random | None, fixed: Decisions | None):
+        self.rng = rng
+        self.fixed = fixed
+        self.made: dict[str, list] = {"loc": [], "par": [], "vec": [], "unroll": []}
+
+    def pick(self, kind: str, k: int, options: list, sample):
+        want = getattr(self.fixed, kind)[k] if self.fixed is not None else None
+        if isinstance(want, Resample):
+            others = [o for o in options if o != want.old] or options
+            v = others[self.rng.randrange(len(others))]
+        elif want is not None and (want in options or self.rng is None):
+            if want not in options:
+                raise ScheduleError(f"{kind} decision {want!r} of site {k} is not one of {options}")
+            v = want
+        elif self.rng is None:
+            raise ScheduleError(f"no {kind} decision for site {k}")
+        else:
+            v = sample(options)
+        self.made[kind].append(v)
+        return v
+
+    def skip(self, kind: str, value) -> None:
+        self.made[kind].append(value)
+
+
+def _attached_at(state: State, stage: str, it: str) -> bool:
+    return any(s.attach.kind == "at" and s.attach.stage == stage and s.attach.iter == it for s in state.stages)
+
+
+def _loc_options(state: State, site) -> list[tuple]:
+    opts: list[tuple] = [("root",)]
+    if site.inlinable:
+        opts.append(("inline",))
+    cons = consumers(state, site.stage)
+    if len(cons) == 1:
+        t = state.stage(cons[0])
+        for it in t.iters:
+            if it.is_reduce or it.kind is ForKind.VECTORIZED:
+                break
+            opts.append(("at", t.name, it.name))
+    return opts
+
+
+def _loc_step(stage: str, loc: tuple):
+    if loc[0] == "root":
+        return ComputeRoot(stage)
+    if loc[0] == "inline":
+        return ComputeInline(stage)
+    return ComputeAt(stage, loc[1], loc[2])
+
+
+def _par_candidates(state: State, st: StageState) -> list:
+    cands = []
+    its = st.iters[:-1] if len(st.iters) > 1 else st.iters
+    for it in its:
+        if it.is_reduce or it.kind is not ForKind.SERIAL or it.pragmas:
+            break
+        cands.append(it)
+        if _attached_at(state, st.name, it.name):
+            break
+    return cands
+
+
+def _parent_extent(st: StageState, name: str) -> int:
+    roots = {a.name: a.extent for a in st.op.axes + st.op.reduce_axes}
+    for r in st.relations:
+        if isinstance(r, SplitRel) and name in (r.outer, r.inner):
+            return propagate(st.relations, roots)[r.parent]
+    for it in st.iters:
+        if it.name == name:
+            return it.extent
+    return roots.get(name, 1)
+
+
+def _vec_options(state: State, st: StageState) -> list[int]:
+    if not st.iters:
+        return [0]
+    it = st.iters[-1]
+    if it.is_reduce or it.kind is not ForKind.SERIAL or _attached_at(state, st.name, it.name):
+        return [0]
+    e = it.extent
+    opts = [0]
+    if 2 <= e <= MAX_LANES and _parent_extent(st, it.name) % e == 0:
+        opts.append(1)
+    opts += [v for v in divisors(e) if 2 <= v <= MAX_LANES and v < e]
+    return opts
+
+
+class _Sampler:
+    """The random default choice of each kind of decision."""
+
+    def __init__(self, rng: random.Random, cores: int):
+        self.rng = rng
+        self.cores = max(1, cores)
+
+    def loc(self, options):
+        return options[self.rng.randrange(len(options))]
+
+    def par(self, cum: list[int]):
+        def choose(options):
+            live = [k for k in options if k > 0]
+            if not live or self.rng.random() < P_NO_PARALLEL:
+                return 0
+            want = 16 * self.cores
+            k0 = next((k for k in live if cum[k - 1] >= want), live[-1])
+            near = [k for k in live if abs(k - k0) <= 1]
+            return near[self.rng.randrange(len(near))]
+        return choose
+
+    def vec(self, options):
+        live = [v for v in options if v != 0]
+        if not live or self.rng.random() < P_NO_VECTOR:
+            return 0
+        weights = [3 if (v == 1 or v & (v - 1) == 0) else 1 for v in live]
+        return self.rng.choices(live, weights)[0]
+
+    def unroll(self, options):
+        return options[self.rng.randrange(len(options))]
+
+
+def _annotate(sketch: Sketch, state: State, ch: _Chooser, smp: _Sampler | None) -> State:
+    sites = sketch.sites
+    inlined: set[str] = set()
+    for k, site in enumerate(sites):
+        if not site.location:
+            ch.skip("loc", ())
+            continue
+        loc = ch.pick("loc", k, _loc_options(state, site), smp.loc if smp else None)
+        state = apply(state, _loc_step(site.stage, loc))
+        if loc[0] == "inline":
+            inlined.add(site.stage)
+    for k, site in enumerate(sites):
+        name = site.stage
+        st = state.stage(name)
+        if name in inlined:
+            for kind in ("par", "vec", "unroll"):
+                ch.skip(kind, 0)
+            continue
+        if site.parallel and st.attach.kind == "root":
+            cands = _par_candidates(state, st)
+            cum, p = [], 1
+            for it in cands:
+                p *= it.extent
+                cum.append(p)
+            opts = [0] + [j + 1 for j in range(len(cands)) if cum[j] >= 2]
+            n = ch.pick("par", k, opts, smp.par(cum) if smp else None)
+            if n >= 2:
+                state = apply(state, Fuse(name, tuple(it.name for it in cands[:n])))
+            if n >= 1:
+                state = apply(state, Annotate(name, state.stage(name).iters[0].name, ForKind.PARALLEL))
+        else:
+            ch.skip("par", 0)
+        if site.vector:
+            st = state.stage(name)
+            v = ch.pick("vec", k, _vec_options(state, st), smp.vec if smp else None)
+            if v >= 2:
+                state = apply(state, Split(name, st.iters[-1].name, (v,)))
+            if v >= 1:
+                state = apply(state, Annotate(name, state.stage(name).iters[-1].name, ForKind.VECTORIZED))
+        else:
+            ch.skip("vec", 0)
+        st = state.stage(name)
+        if site.unroll and st.iters:
+            u = ch.pick("unroll", k, list(UNROLL_CHOICES), smp.unroll if smp else None)
+            state = apply(state, Pragma(name, st.iters[0].name, "auto_unroll_max_step", u))
+        else:
+            ch.skip("unroll", 0)
+    return state
+
+
+def check_state(state: State) -> None:
+    """The filter beyond replay: vectorized loops have at most MAX_LANES lanes that divide the loop they
+    were split from; parallel loops have extent >= 2.  Raises ScheduleError."""
+    for st in state.stages:
+        for it in st.iters:
+            if it.kind is ForKind.VECTORIZED:
+                if it.extent > MAX_LANES or _parent_extent(st, it.name) % it.extent:
+                    raise ScheduleError(f"vectorized {st.name}.{it.name}: {it.extent} lanes")
+            elif it.kind is ForKind.PARALLEL and it.extent < 2:
+                raise ScheduleError(f"parallel {st.name}.{it.name} of extent {it.extent}")
+
+
+def _fill(sketch: Sketch, tiles) -> list:
+    steps = list(sketch.steps)
+    for h, f in zip(sketch.tiles, tiles):
+        if len(f) != h.n or any(not isinstance(x, int) or x < 1 for x in f):
+            raise ScheduleError(f"tile factors {f!r} for {h.stage}.{h.iter}: need {h.n} positive integers")
+        if f[-1] > h.max_innermost:
+            raise ScheduleError(f"tile factors {f!r} for {h.stage}.{h.iter}: innermost above {h.max_innermost}")
+        steps[h.step] = replace(steps[h.step], factors=tuple(f))
+    return steps
+
+
+def _build(sketch: Sketch, tiles, rng: random.Random | None, fixed: Decisions | None) -> tuple[State, Decisions]:
+    state = replay(sketch.compute, _fill(sketch, tiles))
+    ch = _Chooser(rng, fixed)
+    smp = _Sampler(rng, sketch.target.cores) if rng is not None else None
+    state = _annotate(sketch, state, ch, smp)
+    check_state(state)
+    m = ch.made
+    return state, Decisions(tuple(tuple(t) for t in tiles), tuple(m["loc"]), tuple(m["par"]), tuple(m["vec"]),
+                            tuple(m["unroll"]))
+
+
+def as_random(rng) -> random.Random:
+    """A `random.Random` from a seed, a random.Random (used as is) or a numpy Generator (seeds one)."""
+    if isinstance(rng, random.Random):
+        return rng
+    if isinstance(rng, np.random.Generator):
+        return random.Random(int(rng.integers(0, 2**63 - 1)))
+    return random.Random(rng)
+
+
+def sample_schedules(sketch: Sketch, task=None, rng=0, n: int = 1, nondivisible: float = NONDIVISIBLE,
+                     max_tries: int | None = None) -> list[Schedule]:
+    """Up to `n` distinct valid schedules of `sketch` (each replays, passes `check_state`); the same rng
+    seed gives the same schedules.  `task` (optional) supplies the workload key; `rng` is a seed, a
+    random.Random or a numpy Generator.  A sketch without holes gives its one schedule."""
+    rnd = as_random(rng)
+    wk = getattr(task, "key", None) or sketch.workload_key
+    if not sketch.has_holes:  # the default schedule: replay only (it is the lead's own heuristic)
+        try:
+            replay(sketch.compute, sketch.steps)
+        except ScheduleError:
+            return []
+        return [Schedule(wk, sketch.steps, sketch.id)][:n]
+    out: list[Schedule] = []
+    seen: set = set()
+    tries = max_tries if max_tries is not None else 4 * n + 16
+    for _ in range(tries):
+        if len(out) >= n:
+            break
+        tiles = tuple(sample_tile(h, rnd, nondivisible) for h in sketch.tiles)
+        try:
+            state, _ = _build(sketch, tiles, rnd, None)
+        except ScheduleError:
+            continue
+        if state.steps in seen:
+            continue
+        seen.add(state.steps)
+        out.append(Schedule(wk, state.steps, sketch.id))
+    return out
+
+
+def realize(sketch: Sketch, decisions: Decisions, rng=None, workload_key: str | None = None) -> Schedule:
+    """The schedule of `decisions`.  With `rng` None every decision must be legal (else ScheduleError);
+    with an rng, decisions that no longer fit (or are `Resample` markers) are drawn again at random."""
+    rnd = None if rng is None else as_random(rng)
+    state, _ = _build(sketch, decisions.tiles, rnd, decisions)
+    return Schedule(workload_key or sketch.workload_key, state.steps, sketch.id)
+
+
+def decisions_of(sketch: Sketch, schedule: Schedule) -> Decisions:
+    """Read the decisions of a schedule of `sketch` back from its steps (inverse of `realize`)."""
+    steps = schedule.steps
+    T = len(sketch.steps)
+    holes = {h.step for h in sketch.tiles}
+    if len(steps) < T or any(steps[k] != s for k, s in enumerate(sketch.steps) if k not in holes):
+        raise ScheduleError(f"schedule does not follow sketch {sketch.id}")
+    tiles = []
+    for h in sketch.tiles:
+        s = steps[h.step]
+        if not isinstance(s, Split) or (s.stage, s.iter) != (h.stage, h.iter):
+            raise ScheduleError(f"schedule does not follow sketch {sketch.id} at step {h.step}")
+        tiles.append(tuple(s.factors))
+    loc: dict[str, tuple] = {}
+    par: dict[str, int] = {}
+    vec: dict[str, int] = {}
+    unroll: dict[str, int] = {}
+    fuse: dict[str, int] = {}
+    split: dict[str, int] = {}
+    for s in steps[T:]:
+        if isinstance(s, ComputeRoot):
+            loc[s.stage] = ("root",)
+        elif isinstance(s, ComputeInline):
+            loc[s.stage] = ("inline",)
+        elif isinstance(s, ComputeAt):
+            loc[s.stage] = ("at", s.target, s.iter)
+        elif isinstance(s, Fuse):
+            fuse[s.stage] = len(s.iters)
+        elif isinstance(s, Split):
+            split[s.stage] = s.factors[0]
+        elif isinstance(s, Annotate) and s.kind is ForKind.PARALLEL:
+            par[s.stage] = fuse.pop(s.stage, 1)
+        elif isinstance(s, Annotate) and s.kind is ForKind.VECTORIZED:
+            vec[s.stage] = split.pop(s.stage, 1)
+        elif isinstance(s, Pragma):
+            unroll[s.stage] = s.value
+    ss = sketch.sites
+    return Decisions(tuple(tiles), tuple(loc.get(s.stage, ()) if s.location else () for s in ss),
+                     tuple(par.get(s.stage, 0) for s in ss), tuple(vec.get(s.stage, 0) for s in ss),
+                     tuple(unroll.get(s.stage, 0) for s in ss))
+
+
+__all__ = ["factor_schemes", "sample_tile", "Decisions", "Resample", "sample_schedules", "realize",
+           "decisions_of", "check_state", "as_random", "divisors", "NONDIVISIBLE"]

@@ -1,0 +1,95 @@
+"""GPU tier: whole models through `hlotune.compile(target="cuda")` against JAX's outputs (numpy in and out,
+and device arrays in and out without host copies), and the GPU runner: check, timing, error kinds and the
+restart after a device fault."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hlotune
+from hlotune.measure.records import BuildResult, ErrorKind, MeasureInput
+from hlotune.measure.runner import TimingConfig
+from hlotune.schedule_space.default_gpu import default_gpu_schedule
+from hlotune.schedule_space.steps import Schedule
+from hlotune.schedule_space.task import Task
+from tests.conftest import MODEL_NAMES, model_io, model_path
+
+
+def _close(got, want, name, tol=2e-5):
+    assert len(got) == len(want), name
+    for g, w in zip(got, want):
+        g = np.asarray(g)
+        assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, w.shape)
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=name)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_models_on_cuda_match_jax(name):
+    args, outs = model_io(name)
+    exe = hlotune.compile(str(model_path(name)), target="cuda")
+    _close(exe(*args), outs, name)
+    assert "every buffer stays on the device" in exe.report(), exe.report()
+
+
+def test_device_arrays_in_and_out():
+    torch = pytest.importorskip("torch")
+    from hlotune.codegen.cuda_runtime import DeviceArray
+
+    for name in ("softmax", "mlp2", "mlp_train_step"):
+        args, outs = model_io(name)
+        exe = hlotune.compile(str(model_path(name)), target="cuda")
+        d_args = [torch.from_numpy(a).cuda() for a in args]
+        got = exe(*d_args)
+        assert all(isinstance(g, DeviceArray) for g in got)
+        tens = [torch.as_tensor(g, device="cuda") for g in got]     # zero-copy view
+        _close([t.cpu().numpy() for t in tens], outs, name)
+        again = exe(*d_args)   # outputs are fresh buffers: the first results are unchanged
+        assert all(a.ptr != b.ptr for a, b in zip(got, again))
+        _close([t.cpu().numpy() for t in tens], outs, name + " (after a second call)")
+
+
+def _task(model):
+    from hlotune.target import Target
+    sg = hlotune.load_model(model_path(model)).frontend.subgraphs[0]
+    return Task(sg.workload.key, sg.workload.compute, Target.from_string("cuda"), name=sg.name)
+
+
+def test_gpu_runner_checks_times_and_survives_faults():
+    from hlotune.measure.measurer import FaultHook, ProgramMeasurer, make_runner
+
+    task = _task("row_sum")
+    rng = np.random.default_rng(3)
+    scheds = [Schedule(task.key, tuple(default_gpu_schedule(task.compute, task.target)))]
+    scheds += [Schedule(task.key, tuple(default_gpu_schedule(task.compute, rng=rng))) for _ in range(2)]
+    inputs = [MeasureInput(task, s) for s in scheds] + [MeasureInput(task, scheds[0])] * 3
+    runner = make_runner(task.target, TimingConfig(warmup_ms=2, repeats=3, min_repeat_ms=5), timeout=20)
+    hook = FaultHook.of({3: "wrong", 4: "segfault", 5: "raise"})
+    with ProgramMeasurer(runner=runner, fault_hook=hook) as m:
+        res = m.measure_batch(inputs)
+        assert [r.error_kind for r in res] == [ErrorKind.NONE] * 3 + [ErrorKind.WRONG_ANSWER, ErrorKind.RUNTIME,
+                                                                      ErrorKind.RUNTIME], [str(r) for r in res]
+        assert all(0 < c < 1e-2 for r in res[:3] for c in r.costs) and len(res[0].costs) == 3
+        assert "SIGSEGV" in res[4].error_msg
+        # a real device fault (a trap in the kernel): runtime error, the runner is replaced, the next one works
+        trap = _trap_build(task)
+        before = runner.restarts
+        r = runner.run_one(m._data([inputs[0]])[task.key], trap)
+        assert r.error_kind is ErrorKind.RUNTIME and "CUDA error" in r.error_msg, str(r)
+        assert runner.restarts == before + 1
+        assert m.measure_batch(inputs[:1])[0].valid
+
+
+def _trap_build(task):
+    from hlotune.codegen.cuda_runtime import compile_cubin
+    from hlotune.measure.builder import BuildJob, build_one
+
+    good = build_one(BuildJob(task.compute, tuple(default_gpu_schedule(task.compute, task.target)), task.target,
+                              "m_trap"))
+    import json
+    art = json.loads(good.symbol)
+    name = art["launches"][0][0]
+    params = ", ".join(f"float* p{i}" for i in range(len(art["launches"][0][5])))
+    cubin = compile_cubin(f'extern "C" __global__ void {name}({params}) {{ __trap(); }}\n', "sm_90")
+    art["launches"] = art["launches"][:1]
+    return BuildResult(cubin, json.dumps(art), good.func, False, build_s=0.0)
