@@ -343,6 +343,7 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=480.0, help="seconds for everything before the tests")
     ap.add_argument("--no-variants", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-memory-bound", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -371,7 +372,7 @@ def main() -> int:
             log(f"matmul {n}: ERROR {type(e).__name__}: {e}"[:800])
             traceback.print_exc()
     res["memory_bound"] = []
-    for name in MEMORY_BOUND:
+    for name in ([] if args.no_memory_bound else MEMORY_BOUND):
         res["memory_bound"] += memory_bound(name, torch, res["copy_gbs"], log)
     res["models"] = models(torch, log, deadline - (0 if args.no_variants else 90), not args.no_torch)
     (out / "gpu_session.json").write_text(json.dumps(res, indent=1, default=str))

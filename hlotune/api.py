@@ -245,9 +245,9 @@ def compile(model: Any, tuning_log: Any = None, target: str = "cpu"):  # noqa: A
     return Executable(load_model(model), tuning_log=tuning_log, target=target)
 
 
-def tune(model: Any, tuning_log: Any = None, target: str = "cpu", trials: int | None = None,
+def tune(model: Any, tuning_log: Any = None, target: str | Sequence[str] = "cpu", trials: int | None = None,
          time_budget: float | str | None = None, seed: int = 0, workers: int | None = None,
-         cost_model: Any = None, policy: str = "evolutionary", **options: Any):
+         cost_model: Any = None, policy: str = "evolutionary", ray: str | None = None, **options: Any):
     """Tune every subgraph of `model`, recording measurements in `tuning_log`; returns a `TuneReport`.
 
     `tuning_log`: a path (.db SQLite, .jsonl), a SQLAlchemy URL or a Database (default
@@ -257,11 +257,20 @@ def tune(model: Any, tuning_log: Any = None, target: str = "cpu", trials: int | 
     "evolutionary" (cost-model-guided, the default), "random" or "optuna" (TPE).  `cost_model`: a path to a
     pretrained model or a model object.  Other options (see `search.tuner.tune_model`): batch_size,
     population, generations, early_stopping, timing (measure.runner.TimingConfig), measurer, progress,
-    stream, log_dir, write_log."""
+    stream, log_dir, write_log.
+
+    `ray`: measure on a Ray cluster ("auto", an address, or "local"; see docs/distributed.md), where "cpu" /
+    "cuda" mean every target of that kind the cluster's nodes announce.  `target` may list several targets
+    (e.g. ["cpu", "cuda"]): they are tuned at once and a `search.distributed.MultiTuneReport` is returned
+    when there is more than one target fingerprint."""
     from .database import open_database
     from .search.tuner import parse_duration, tune_model
     from .target import Target
 
+    if ray is not None or not isinstance(target, str):
+        return _tune_targets(model, tuning_log, [target] if isinstance(target, str) else list(target), ray,
+                             trials=trials, time_budget=parse_duration(time_budget), seed=seed, workers=workers,
+                             cost_model=cost_model, policy=policy, **options)
     if target not in ("cpu", "cuda"):
         raise UnsupportedError(f"unknown target {target!r} (expected 'cpu' or 'cuda')")
     if target != "cpu":
@@ -284,3 +293,19 @@ def tune(model: Any, tuning_log: Any = None, target: str = "cpu", trials: int | 
     finally:
         if db is not tuning_log:
             db.close()
+
+
+def _tune_targets(model: Any, tuning_log: Any, targets: list[str], ray: str | None, **kw: Any):
+    """`tune` for several targets and/or on a Ray cluster (search/distributed.py)."""
+    from .search.distributed import tune_targets
+
+    for t in targets:
+        if t not in ("cpu", "cuda"):
+            raise UnsupportedError(f"unknown target {t!r} (expected 'cpu' or 'cuda')")
+    m = load_model(model)
+    log_dir = kw.pop("log_dir", None) or str(config.get("log_dir"))
+    if tuning_log is None:
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in m.name) or "model"
+        os.makedirs(log_dir, exist_ok=True)
+        tuning_log = os.path.join(log_dir, f"{safe}.db")
+    return tune_targets(m, tuning_log, targets, ray, log_dir=log_dir, **kw)

@@ -102,7 +102,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         v = getattr(args, name)
         if v is not None and v < (0 if name == "trials" else 1):
             raise InputError(f"--{name.replace('_', '-')} must be at least {0 if name == 'trials' else 1}, got {v}")
-    report = tune(args.model, tuning_log=args.tuning_log, target=args.target, trials=args.trials,
+    targets = args.target or ["cpu"]
+    extra = {"ray": args.ray} if args.ray else {}
+    report = tune(args.model, tuning_log=args.tuning_log, target=targets[0] if len(targets) == 1 else targets,
+                  trials=args.trials, **extra,
                   time_budget=args.time_budget, seed=args.seed, workers=args.workers, cost_model=args.cost_model,
                   policy=args.policy, batch_size=args.batch_size, population=args.population,
                   generations=args.generations, early_stopping=args.early_stopping or None, timing=timing,
@@ -146,7 +149,11 @@ def _add_tune_parser(sub) -> None:
                                    "log. Running the same command again continues: measured schedules are not "
                                    "measured again and the budgets count what is already done.")
     _add_model(p)
-    p.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--target", action="append", default=None, choices=["cpu", "cuda"],
+                   help="target kind (default cpu); repeat it to tune several at once (--target cpu --target cuda)")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="measure on a Ray cluster: its address, 'auto' (the running one) or 'local'; each target kind "
+                        "is tuned for every machine kind the cluster announces (docs/distributed.md)")
     p.add_argument("--tuning-log", default=None, metavar="DB",
                    help="tuning database (.db, .jsonl, postgresql://...; default <log dir>/<model>.db)")
     p.add_argument("--trials", type=int, default=None,

@@ -284,7 +284,7 @@ class CudaKernel:
                 if tuple(cai["shape"]) != shape or np.dtype(cai["typestr"]) != dtype:
                     raise InputError(f"buffer {name!r} of kernel {self.func.name}: device array "
                                      f"{cai['typestr']}{tuple(cai['shape'])}, expected {dtype}{shape}")
-                if cai.get("strides") not in (None, tuple(np.zeros(shape, dtype).strides)):
+                if cai.get("strides") is not None and tuple(cai["strides"]) != _c_strides(shape, dtype):
                     raise InputError(f"buffer {name!r} of kernel {self.func.name}: device array is not contiguous")
                 ptrs[name] = int(cai["data"][0])
                 continue
@@ -414,6 +414,15 @@ class DeviceArray:
         return f"DeviceArray({self.dtype}{list(self.shape)} at 0x{self.ptr:x})"
 
 
+def _c_strides(shape, dtype) -> tuple[int, ...]:
+    """Byte strides of a C-contiguous array (computed, not allocated: np.zeros(shape) costs a pass over memory)."""
+    out, step = [], np.dtype(dtype).itemsize
+    for n in reversed(tuple(shape)):
+        out.append(step)
+        step *= max(int(n), 1)
+    return tuple(reversed(out))
+
+
 def empty_device(shape, dtype) -> DeviceArray:
     """An uninitialized device array (pool memory)."""
     dt = np.dtype(dtype)
@@ -439,7 +448,7 @@ def as_device(obj, shape=None, dtype=None, what: str = "argument") -> DeviceArra
     else:
         cai = obj.__cuda_array_interface__
         shp, dt = tuple(cai["shape"]), np.dtype(cai["typestr"])
-        if cai.get("strides") not in (None, tuple(np.zeros(shp, dt).strides)) and int(np.prod(shp)) > 1:
+        if cai.get("strides") is not None and tuple(cai["strides"]) != _c_strides(shp, dt) and int(np.prod(shp)) > 1:
             raise InputError(f"{what}: device array is not C-contiguous")
         d = DeviceArray(shp, dt, int(cai["data"][0]), obj)
     if shape is not None and tuple(d.shape) != tuple(shape):

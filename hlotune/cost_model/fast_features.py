@@ -26,9 +26,9 @@ import numpy as np
 from ..errors import HlotuneError, ScheduleError
 from ..ir.expr import Binary, ComputeDef, Const, Expr, Load, Var, walk
 from ..ir.hlo import Op
-from ..schedule_space.lower import _Lowerer, lower
+from ..schedule_space.lower import inlined_bodies, lower
 from ..schedule_space.state import SplitRel, State, apply, consumers, init_state
-from ..schedule_space.steps import RFactor, Split
+from ..schedule_space.steps import Pragma, RFactor, Split
 from .features import (
     NUM_FEATURES,
     Access,
@@ -61,17 +61,30 @@ class _Tag(int):
     __rmul__ = __mul__
 
 
+UNROLL = "auto_unroll_max_step"
+
+
+def _blank(s):
+    if isinstance(s, Split):
+        return ("split", s.stage, s.iter, len(s.factors), s.inner_to_outer)
+    if isinstance(s, Pragma) and s.name == UNROLL:
+        return ("pragma", s.stage, s.iter, s.name)
+    return s
+
+
 def structure_key(steps) -> tuple:
-    """Hashable key of a schedule with its Split factors blanked (length and direction kept)."""
-    return tuple(("split", s.stage, s.iter, len(s.factors), s.inner_to_outer) if isinstance(s, Split) else s
-                 for s in getattr(steps, "steps", steps))
+    """Hashable key of a schedule with its Split factors and unroll pragma values blanked (the numbers a
+    template instantiates; lengths and directions kept)."""
+    return tuple(map(_blank, getattr(steps, "steps", steps)))
 
 
 def factor_matrix(schedules, refs: list[tuple[int, int]]) -> np.ndarray:
-    """(N, len(refs)) split factors of each schedule at the (step, position) references."""
+    """(N, len(refs)) numbers of each schedule at the (step, position) references: split factors, or the
+    value of an unroll pragma (position -1)."""
     if not refs:
         return np.zeros((len(schedules), 0))
-    return np.array([[s.steps[i].factors[p] for i, p in refs] for s in schedules], dtype=np.float64)
+    return np.array([[s.steps[i].factors[p] if p >= 0 else s.steps[i].value for i, p in refs] for s in schedules],
+                    dtype=np.float64)
 
 
 def _affine(e: Expr, axes: set[str]) -> tuple[dict[str, float], float] | None:
@@ -96,6 +109,15 @@ def _affine(e: Expr, axes: set[str]) -> tuple[dict[str, float], float] | None:
                 if r is None:
                     return None
                 return {n: v * float(k.value) for n, v in r[0].items()}, r[1] * float(k.value)
+    if isinstance(e, Binary) and e.op in (Op.DIVIDE, Op.REMAINDER) and isinstance(e.b, Const) and e.b.value:
+        # linearized as the exact path's `lin_coefs` does: x // k -> x / k, x % k -> x (packed layouts)
+        r = _affine(e.a, axes)
+        if r is None:
+            return None
+        if e.op is Op.REMAINDER:
+            return r[0], 0.0
+        k = float(e.b.value)
+        return {n: v / k for n, v in r[0].items()}, r[1] / k
     return None
 
 
@@ -105,10 +127,7 @@ class Template:
     def __init__(self, cd: ComputeDef, state: State, refs: list[tuple[int, int]], rep_nests: list[StoreNest]):
         self.cd, self.state, self.refs, self.rep = cd, state, refs, rep_nests
         self.ref_col = {r: k for k, r in enumerate(refs)}
-        low = _Lowerer(state)
-        low._expand_inline()
-        self.order = low.order
-        self.bodies = {n: low.infos[n].body for n in self.order}
+        self.order, self.bodies = inlined_bodies(state)
         self.stages = {n: state.stage(n) for n in self.order}
         self.inputs = {b.name: b for b in cd.inputs}
         self.stores = self._store_list()
@@ -131,6 +150,9 @@ class Template:
                     refs.append((i, p))
                     fs.append(_Tag(int(f), ((i, p),)))
                 s = Split(s.stage, s.iter, tuple(fs), s.inner_to_outer)
+            elif isinstance(s, Pragma) and s.name == UNROLL:
+                refs.append((i, -1))
+                s = Pragma(s.stage, s.iter, s.name, _Tag(int(s.value), ((i, -1),)))
             st = apply(st, s)
             tagged.append(s)
         rep = nests_of_func(lower(cd, steps))
@@ -192,7 +214,7 @@ class Template:
             self._infer(name, F, n, ext, rc, fz, mnc, shapes)
         out = []
         for (stage, kind, loops), rep in zip(self.stores, self.rep):
-            out.append(self._nest(stage, kind, loops, rep, n, ext, rc, mnc, shapes))
+            out.append(self._nest(stage, kind, loops, rep, n, ext, rc, mnc, shapes, F))
         return out
 
     def _infer(self, name, F, n, ext, rc, fz, mnc, shapes) -> None:
@@ -223,17 +245,26 @@ class Template:
         fus: dict[str, set[str]] = {it.name: set() for it in st.iters}
         for r in reversed(st.relations):
             if isinstance(r, SplitRel):
-                d: dict[str, np.ndarray] = {}
-                for k, v in val.get(r.outer, {}).items():
-                    d[k] = d.get(k, 0) + v * e[r.inner]
+                d = {k: v * e[r.inner] for k, v in val.get(r.outer, {}).items()}
                 for k, v in val.get(r.inner, {}).items():
-                    d[k] = d.get(k, 0) + v
+                    # a fused leaf reaching both halves contiguously ((f // m) * m + f % m): the lowering
+                    # simplifies the pair back to f, so its coefficient is the inner one, not the sum
+                    o = d.get(k)
+                    d[k] = v if o is None else np.where(np.isclose(o, v) & (v != 0), v, o + v)
                 val[r.parent] = d
                 fus[r.parent] = fus.get(r.outer, set()) | fus.get(r.inner, set())
             else:
                 stride = np.ones(n)
+                src = val.get(r.fused, {})
                 for q in reversed(r.parents):
-                    val[q] = {k: np.where(e[q] == 1, 0.0, v / stride) for k, v in val.get(r.fused, {}).items()}
+                    val[q] = {k: np.where(e[q] == 1, 0.0, v / stride) for k, v in src.items()}
+                    # q = f // stride: leaves whose steps are not multiples of stride and that together never
+                    # reach it (f = a * stride + b, 0 <= b < stride) drop out, as the lowering simplifies them
+                    frac = {k: np.mod(v, stride) != 0 for k, v in src.items()}
+                    reach = sum((np.where(frac[k], np.abs(v) * (e[k] - 1.0), 0.0) for k, v in src.items()),
+                                np.zeros(n))
+                    for k in src:
+                        val[q][k] = np.where(frac[k] & (reach < stride), 0.0, val[q][k])
                     fus[q] = fus.get(r.fused, set()) | set(val.get(r.fused, {}))
                     stride = stride * e[q]
         R = len(axes)
@@ -335,7 +366,7 @@ class Template:
         outer = {u: np.where(full, 0.0, g) for u, g in (first_outer or {}).items()}
         return region, outer
 
-    def _nest(self, stage, kind, loops, rep: StoreNest, n, ext, rc, mnc, shapes) -> StoreNest:
+    def _nest(self, stage, kind, loops, rep: StoreNest, n, ext, rc, mnc, shapes, F) -> StoreNest:
         st = self.stages[stage]
         op = st.op
         L = len(loops)
@@ -363,12 +394,12 @@ class Template:
         step = np.zeros(n)
         for li, (s, it, _init) in enumerate(loops):
             iterator = self.stages[s].iters[self.stages[s].iter_pos(it)]
-            v = dict(iterator.pragmas).get("auto_unroll_max_step")
+            v = dict(iterator.pragmas).get(UNROLL)
             if v is None:
                 continue
             later = [lj for lj in range(li, L) if loops[lj][0] == s]
             vis = np.any(E[:, later] > 1, axis=1)
-            step = np.maximum(step, np.where(vis, float(v), 0.0))
+            step = np.maximum(step, np.where(vis, self._val(v, F, n), 0.0))
         alloc = np.zeros((n, 4))
         if stage not in self.cd.outputs:
             size = np.prod(shapes[stage], axis=1) * _nbytes(op.dtype)

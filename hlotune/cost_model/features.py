@@ -27,7 +27,9 @@ lowering drops, changes no feature -- the fast path relies on it):
   reuse" (reuse_ct = its extent, reuse_dis_iter = product of the loops inside it, reuse_dis_bytes =
   the bytes all accesses of the statement touch inside it); else a buffer both read and written
   ("serial reuse", count 1, distance 1); else none (zeros).
-- stride = |flat stride| of the innermost loop with a non-zero stride (0 if none).
+- stride = |flat stride| of the innermost loop with a non-zero stride (0 if none), counting only whole
+  coefficients (x // k moves its dimension once every k steps, so a fused loop indexing (f // 32, f % 32)
+  has stride 1, not 1 + 32/32) unless only fractional ones move it.
 - arithmetic intensity curve: at each loop level k, flops inside k / unique bytes touched inside k;
   sample j (1..10) is the value at the outermost level whose log2(flops inside) <= j/10 x log2(total flops).
 """
@@ -94,7 +96,17 @@ FEATURE_TABLE: tuple[tuple[str, str], ...] = _table()
 FEATURE_NAMES: tuple[str, ...] = tuple(n for n, _ in FEATURE_TABLE)
 NUM_FEATURES = len(FEATURE_NAMES)
 _COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
+
+
+_KIND_CODE = {k: i for i, k in enumerate(ForKind)}
+
+
+def kind_matrix(kinds) -> np.ndarray:
+    """Loop kinds as integer codes: (1, L) from a tuple of ForKind, or an (N, L) code array as is."""
+    if isinstance(kinds, np.ndarray):
+        return kinds
+    return np.array([[_KIND_CODE[k] for k in kinds]], dtype=np.int64).reshape(1, len(kinds))
 
 
 @dataclass
@@ -114,15 +126,36 @@ class Access:
 class StoreNest:
     """One store statement for N candidates of one structure."""
 
-    kinds: tuple[ForKind, ...]
+    kinds: tuple[ForKind, ...] | np.ndarray   # loop kinds, or (N, L) kind codes (`kind_matrix`) when stacked
     ext: np.ndarray                      # (N, L) loop extents
-    ops: np.ndarray                      # (len(OP_KINDS),) per execution
+    ops: np.ndarray                      # (len(OP_KINDS),) per execution, or (N, len(OP_KINDS)) when stacked
     accesses: list[Access]
     unroll_step: np.ndarray              # (N,)
     alloc: np.ndarray                    # (N, 4): size bytes, outer prod, inner prod, local
     is_init: bool = False
     is_update: bool = False
     extra: dict = field(default_factory=dict)
+
+
+def nest_signature(nest: StoreNest) -> tuple:
+    """Nests with equal signatures can be stacked (`stack_nests`) and featurized in one call."""
+    return (nest.ext.shape[1], nest.is_init, nest.is_update,
+            tuple((a.mode, a.count, a.elem_bytes, a.coef.shape[2]) for a in nest.accesses))
+
+
+def stack_nests(nests: list[StoreNest]) -> StoreNest:
+    """One StoreNest of all rows of `nests` (equal `nest_signature`s; kinds and ops become per-row arrays)."""
+    if len(nests) == 1:
+        return nests[0]
+    sizes = [x.ext.shape[0] for x in nests]
+    kinds = np.concatenate([np.broadcast_to(kind_matrix(x.kinds), (k, x.ext.shape[1])) for x, k in zip(nests, sizes)])
+    ops = np.concatenate([np.broadcast_to(np.atleast_2d(x.ops), (k, len(OP_KINDS))) for x, k in zip(nests, sizes)])
+    accs = [Access(a.buffer, a.mode, a.count, a.elem_bytes, np.concatenate([x.accesses[j].coef for x in nests]),
+                   np.concatenate([x.accesses[j].shape for x in nests])) for j, a in enumerate(nests[0].accesses)]
+    return StoreNest(kinds, np.concatenate([x.ext for x in nests]), ops, accs,
+                     np.concatenate([np.broadcast_to(x.unroll_step, (k,)) for x, k in zip(nests, sizes)]),
+                     np.concatenate([np.broadcast_to(x.alloc, (k, 4)) for x, k in zip(nests, sizes)]),
+                     nests[0].is_init, nests[0].is_update)
 
 
 def log_scale(x: np.ndarray) -> np.ndarray:
@@ -139,11 +172,13 @@ def store_features(nest: StoreNest) -> np.ndarray:
     out = np.zeros((n, NUM_FEATURES))
     real = ext > 1
     prod = np.prod(ext, axis=1) if nloops else np.ones(n)
-    out[:, : len(OP_KINDS)] = prod[:, None] * nest.ops[None, :]
+    ops = np.atleast_2d(nest.ops)                # (1 or N, K)
+    out[:, : len(OP_KINDS)] = prod[:, None] * ops
+    km = kind_matrix(nest.kinds)                 # (1 or N, L) kind codes
     rank = np.cumsum(real, axis=1) - 1          # index among real loops (outer first)
     nreal = real.sum(axis=1)
     for name, kind in _ANN_KINDS:
-        m = real & np.array([k is kind for k in nest.kinds], dtype=bool)[None, :]
+        m = real & (km == _KIND_CODE[kind])
         out[:, _COL[f"{name}_num"]] = m.sum(axis=1)
         out[:, _COL[f"{name}_prod"]] = np.prod(np.where(m, ext, 1.0), axis=1)
         has = m.any(axis=1)
@@ -158,7 +193,7 @@ def store_features(nest: StoreNest) -> np.ndarray:
         out[:, _COL[f"{name}_pos_inner"]] = inner
         out[:, _COL[f"{name}_pos_outer"]] = has & ~innermost & ~inner
     for k in _GPU_KINDS:
-        m = real & np.array([kk is k for kk in nest.kinds], dtype=bool)[None, :]
+        m = real & (km == _KIND_CODE[k])
         out[:, _COL[f"gpu_{k.value}"]] = np.where(m.any(axis=1), np.prod(np.where(m, ext, 1.0), axis=1), 0.0)
     _buffer_features(nest, ext, real, prod, out)
     out[:, _COL["alloc_size"]:_COL["alloc_local"] + 1] = nest.alloc
@@ -209,7 +244,11 @@ def _buffer_features(nest: StoreNest, ext: np.ndarray, real: np.ndarray, prod: n
         moving = real & (stride > 1e-12)
         has_mv = moving.any(axis=1)
         inner_mv = nl - 1 - np.argmax(moving[:, ::-1], axis=1) if nl else np.zeros(n, int)
-        s_in = np.where(has_mv, stride[rows, inner_mv] if nl else 0.0, 0.0)
+        # the step of one iteration: a fractional coefficient (x // k) moves its dimension once every k steps
+        whole = np.where(np.abs(a.coef) >= 1 - 1e-9, a.coef, 0.0)
+        step = np.abs(np.einsum("nld,nd->nl", whole, rowstride)) if a.coef.size else np.zeros((n, nl))
+        step = np.where(step > 1e-12, step, stride)
+        s_in = np.where(has_mv, step[rows, inner_mv] if nl else 0.0, 0.0)
         e_in = np.where(has_mv, ext[rows, inner_mv] if nl else 1.0, 1.0)
         per_line = np.where(has_mv, np.clip(CACHE_LINE / np.maximum(s_in * eb, 1e-9), 1.0, e_in), 1.0)
         accesses = prod * a.count
@@ -233,27 +272,24 @@ def _buffer_features(nest: StoreNest, ext: np.ndarray, real: np.ndarray, prod: n
     order = np.argsort(-byts, axis=1, kind="stable")[:, :TOP_BUFFERS]
     base = _COL["B0.acc_read"]
     nb = len(_BUF_FEATURES)
+    keys = ("kind", "reuse_ct", "bytes", "unique_bytes", "lines", "unique_lines", "dis_iter", "dis_bytes", "stride")
+    M = np.empty((len(keys), n, len(per)))                      # (key, N, B)
+    for b, p in enumerate(per):
+        for j, key in enumerate(keys):
+            M[j, :, b] = p[key]
+    modes = np.array([p["mode"] for p in per])
     for slot in range(order.shape[1]):
         idx = order[:, slot]
         col = base + slot * nb
-
-        def pick(key: str, _idx=idx) -> np.ndarray:
-            cols = [np.broadcast_to(np.asarray(p[key], dtype=np.float64), (n,)) for p in per]
-            return np.stack(cols, axis=1)[rows, _idx]
-
-        mode = np.array([p["mode"] for p in per])[idx]
-        kind = pick("kind")
-        rc = pick("reuse_ct")
+        kind, rc, byts_, ub, ln, ul, di, db, sd = M[:, rows, idx]
+        mode = modes[idx]
         div = np.maximum(rc, 1.0)
-        vals = [mode == 0, mode == 1, mode == 2, pick("bytes"), pick("unique_bytes"), pick("lines"),
-                pick("unique_lines"), kind == 0, kind == 1, kind == 2, pick("dis_iter"), pick("dis_bytes"), rc,
-                pick("bytes") / div, pick("unique_bytes") / div, pick("lines") / div, pick("unique_lines") / div,
-                pick("stride")]
-        for j, v in enumerate(vals):
-            out[:, col + j] = v
-    flops = float(nest.ops.sum())
-    if flops > 0:
-        fl = flops * suffix                                      # (N, L+1) flops inside level k
+        out[:, col:col + nb] = np.stack(
+            [mode == 0, mode == 1, mode == 2, byts_, ub, ln, ul, kind == 0, kind == 1, kind == 2, di, db, rc,
+             byts_ / div, ub / div, ln / div, ul / div, sd], axis=1)
+    flops = np.atleast_2d(nest.ops).sum(axis=1)          # (1 or N,)
+    if np.any(flops > 0):
+        fl = flops[:, None] * suffix                                      # (N, L+1) flops inside level k
         inten = fl / np.maximum(uniq_levels, 1.0)
         logf = np.log2(np.maximum(fl, 1.0))
         total = logf[:, 0]

@@ -10,11 +10,14 @@ Map:
   sample_schedules(sketch, task, rng, n)    up to n distinct valid schedules, reproducible from the seed
   realize(sketch, decisions, ...)           decisions -> Schedule (strict, or repairing what no longer fits)
   decisions_of(sketch, schedule)            the inverse: read the decisions back from the steps
+  default_like(sketch)                      the schedule of a tile_fuse@1 / cache_write@1 sketch that matches
+                                            the default's GEMM blocking (where the search starts)
   check_state(state)                        the filter beyond replay: vector lanes <= 16 and dividing,
                                             parallel loops of extent >= 2
 
 A schedule of a sketch is the sketch's template with its Split holes filled (same positions), then the
-annotation steps, in this order: the compute location of each location site (ComputeRoot / ComputeInline /
+annotation steps, in this order: for each site with a PackChoice that packs, the Pack step (factor = the
+innermost tile of the stage's last space axis) and the packed copy's own (fixed) schedule; the compute location of each location site (ComputeRoot / ComputeInline /
 ComputeAt, always explicit), then per site: Fuse of its outer space loops + Annotate parallel, Split of
 its innermost loop by the lanes + Annotate vectorized (or Annotate of the innermost loop as is), and a
 Pragma auto_unroll_max_step on its outermost loop.  Candidates for each decision are read off the
@@ -23,7 +26,8 @@ itself is the validation (an illegal step raises ScheduleError and the candidate
 
 Decision encodings (per site): loc () when not a location site, ("root",), ("inline",) or
 ("at", stage, iterator); par = number of outer loops fused and made parallel (0: none); vec = 0 none,
-1 the innermost loop as is, v >= 2 split off v lanes and vectorize them; unroll = pragma value.
+1 the innermost loop as is, v >= 2 split off v lanes and vectorize them; unroll = pragma value; pack = 1 when
+the site's B operand is packed (0 otherwise and at sites without a PackChoice).
 """
 
 from __future__ import annotations
@@ -37,15 +41,18 @@ import numpy as np
 
 from ..errors import ScheduleError
 from .loop_ir import ForKind
-from .sketch import MAX_LANES, UNROLL_CHOICES, Sketch, TileHole
-from .state import SplitRel, StageState, State, apply, consumers, propagate, replay
-from .steps import Annotate, ComputeAt, ComputeInline, ComputeRoot, Fuse, Pragma, Schedule, Split
+from .default import PARALLEL_MIN_WORK
+from .sketch import MAX_LANES, UNROLL_CHOICES, PackChoice, Sketch, TileHole
+from .state import SplitRel, StageState, State, _buffer_info, apply, consumers, propagate, replay
+from .steps import Annotate, ComputeAt, ComputeInline, ComputeRoot, Fuse, Pack, Pragma, Reorder, Schedule, Split
 
 #: probability that a tile hole gets a random non-divisible factorization (guarded tails)
 NONDIVISIBLE = 0.1
 #: probability of choosing no parallel loop / no vectorization where one is possible
 P_NO_PARALLEL = 0.05
 P_NO_VECTOR = 0.1
+#: probability of packing a tiled stage's B operand where its site allows it
+P_PACK = 0.7
 
 
 # ----------------------------------------------------------------------------- tile factors
@@ -114,6 +121,7 @@ class Decisions:
     par: tuple[int, ...]
     vec: tuple[int, ...]
     unroll: tuple[int, ...]
+    pack: tuple[int, ...] = ()    # per site: 1 = its PackChoice is taken (absent: 0)
 
 
 class Resample:
@@ -131,10 +139,13 @@ class _Chooser:
     def __init__(self, rng: random.Random | None, fixed: Decisions | None):
         self.rng = rng
         self.fixed = fixed
-        self.made: dict[str, list] = {"loc": [], "par": [], "vec": [], "unroll": []}
+        self.made: dict[str, list] = {"loc": [], "par": [], "vec": [], "unroll": [], "pack": []}
 
     def pick(self, kind: str, k: int, options: list, sample):
-        want = getattr(self.fixed, kind)[k] if self.fixed is not None else None
+        vals = getattr(self.fixed, kind) if self.fixed is not None else ()
+        want = vals[k] if k < len(vals) else None
+        if want is None and kind == "pack" and self.rng is None and 0 in options:
+            want = 0   # decisions written before packing existed: no pack
         if isinstance(want, Resample):
             others = [o for o in options if o != want.old] or options
             v = others[self.rng.randrange(len(others))]
@@ -247,10 +258,59 @@ class _Sampler:
     def unroll(self, options):
         return options[self.rng.randrange(len(options))]
 
+    def pack(self, options):
+        return 1 if 1 in options and self.rng.random() < P_PACK else 0
+
+
+def _pack_options(sketch: Sketch, state: State, pc: PackChoice) -> tuple[list[int], int]:
+    f = state.steps[sketch.tiles[pc.tile].step].factors[pc.level]
+    shape, _ = _buffer_info(state, pc.buffer)
+    return ([0, 1] if f >= 2 and shape[pc.axis] % f == 0 else [0]), f
+
+
+def _pack_steps(state: State, pc: PackChoice, f: int) -> list:
+    """The Pack step and the schedule of the packed copy (like the default's): when the packed axis is the
+    source's contiguous one, vector copies along it (lanes: the widest power of two up to MAX_LANES
+    dividing f); otherwise (B transposed) the copy runs along the reduction axis, which is contiguous in
+    the source.  Parallel over the outer loops when the buffer is large."""
+    shape, _ = _buffer_info(state, pc.buffer)
+    nd = len(shape) + 1
+    axes = [f"ax{d}" for d in range(nd)]
+    inner = axes[-1]
+    steps: list = [Pack(pc.buffer, (pc.reader,), pc.axis, f, pc.outer_pos)]
+    if pc.axis == len(shape) - 1:
+        lanes = next((v for v in (16, 8, 4, 2) if v <= MAX_LANES and f % v == 0), 0)
+        if lanes and lanes < f:
+            steps += [Split(pc.name, inner, (lanes,)), Annotate(pc.name, f"{inner}.1", ForKind.VECTORIZED)]
+        elif lanes:
+            steps.append(Annotate(pc.name, inner, ForKind.VECTORIZED))
+        outer = axes[:-1]
+    else:
+        kax = f"ax{pc.outer_pos + 1}"
+        order = [a for a in axes if a not in (kax, inner)] + [inner, kax]
+        steps.append(Reorder(pc.name, tuple(order)))
+        outer = order[:-2]
+    if outer and math.prod(shape) >= PARALLEL_MIN_WORK:
+        if len(outer) > 1:
+            steps.append(Fuse(pc.name, tuple(outer)))
+        steps.append(Annotate(pc.name, "@".join(outer), ForKind.PARALLEL))
+    return steps
+
 
 def _annotate(sketch: Sketch, state: State, ch: _Chooser, smp: _Sampler | None) -> State:
     sites = sketch.sites
     inlined: set[str] = set()
+    for k, site in enumerate(sites):
+        pc = site.pack
+        if pc is None:
+            ch.skip("pack", 0)
+            continue
+        opts, f = _pack_options(sketch, state, pc)
+        if ch.pick("pack", k, opts, smp.pack if smp else None):
+            for step in _pack_steps(state, pc, f):
+                state = apply(state, step)
+            if pc.name not in state.by_name:
+                raise ScheduleError(f"pack of {pc.buffer}: the packed copy is not named {pc.name}")
     for k, site in enumerate(sites):
         if not site.location:
             ch.skip("loc", ())
@@ -329,7 +389,7 @@ def _build(sketch: Sketch, tiles, rng: random.Random | None, fixed: Decisions | 
     check_state(state)
     m = ch.made
     return state, Decisions(tuple(tuple(t) for t in tiles), tuple(m["loc"]), tuple(m["par"]), tuple(m["vec"]),
-                            tuple(m["unroll"]))
+                            tuple(m["unroll"]), tuple(m["pack"]))
 
 
 def as_random(rng) -> random.Random:
@@ -380,6 +440,53 @@ def realize(sketch: Sketch, decisions: Decisions, rng=None, workload_key: str | 
     return Schedule(workload_key or sketch.workload_key, state.steps, sketch.id)
 
 
+def default_like(sketch: Sketch, rng=0) -> Schedule | None:
+    """The schedule of `sketch` closest to the default schedule's GEMM blocking (`default._gemm_plan`), for a
+    tile_fuse@1 / cache_write@1 sketch of a dot-like stage: row tiles (1, tm/mr, mr), column tiles
+    (1, tn/nr, nr), batch tiles 1, the longest reduce axis blocked by kc (others outside), B packed into
+    nr-wide panels, the consumer's tile loops fused and parallel, vector lanes vl on both stages and auto-unroll
+    512 (which unrolls the mr x nr/vl micro-tile).  Other decisions are drawn from `rng`.  The search starts
+    from it, so tuning explores the neighbourhood of the default (tile sizes, k-blocking, packing) instead of
+    having to find that point at random.  None for other sketches or when the default is no GEMM."""
+    from .default import _gemm_plan, _inner_reduce
+
+    if not sketch.tiles or not any(r.endswith(("tile_fuse@1", "cache_write@1")) for r in sketch.rules):
+        return None
+    cd, target = sketch.compute, sketch.target
+    name = sketch.tiles[0].stage
+    op = cd.stage_by_name.get(name) or cd.stage_by_name.get(name.removesuffix(".local"))
+    if op is None or len(op.axes) < 2:
+        return None
+    plan = _gemm_plan(op, target, max(1, target.vector_bits // 32))
+    if plan is None:
+        return None
+    *batch, ax_i, ax_j = op.axes
+    inner = _inner_reduce(op)
+    want = {ax_i.name: (1, plan.tm // plan.mr, plan.mr), ax_j.name: (1, plan.tn // plan.nr, plan.nr),
+            inner.name: (plan.kc or inner.extent,)}
+    tiles = []
+    for h in sketch.tiles:
+        if h.stage != name:
+            return None
+        tiles.append(want.get(h.iter, (1,) * h.n))
+    n = len(sketch.sites)
+    loc, par, vec, unroll, pack = [None] * n, [None] * n, [None] * n, [None] * n, [None] * n
+    work = math.prod(a.extent for a in op.axes + op.reduce_axes)
+    for k, site in enumerate(sketch.sites):
+        if site.stage == name:
+            vec[k] = plan.vl if plan.nr > plan.vl else 1
+            unroll[k] = 512
+            pack[k] = int(site.pack is not None)
+        elif site.parallel and site.vector and not site.location:   # the consumer hosting the tile
+            par[k] = len(batch) + 2 if work >= PARALLEL_MIN_WORK else 0
+            vec[k] = plan.vl if plan.tn > plan.vl else 1
+    d = Decisions(tuple(tiles), tuple(loc), tuple(par), tuple(vec), tuple(unroll), tuple(pack))
+    try:
+        return realize(sketch, d, as_random(rng))
+    except ScheduleError:
+        return None
+
+
 def decisions_of(sketch: Sketch, schedule: Schedule) -> Decisions:
     """Read the decisions of a schedule of `sketch` back from its steps (inverse of `realize`)."""
     steps = schedule.steps
@@ -399,8 +506,11 @@ def decisions_of(sketch: Sketch, schedule: Schedule) -> Decisions:
     unroll: dict[str, int] = {}
     fuse: dict[str, int] = {}
     split: dict[str, int] = {}
+    packed: set[str] = set()
     for s in steps[T:]:
-        if isinstance(s, ComputeRoot):
+        if isinstance(s, Pack):
+            packed.add(s.readers[0])
+        elif isinstance(s, ComputeRoot):
             loc[s.stage] = ("root",)
         elif isinstance(s, ComputeInline):
             loc[s.stage] = ("inline",)
@@ -419,8 +529,9 @@ def decisions_of(sketch: Sketch, schedule: Schedule) -> Decisions:
     ss = sketch.sites
     return Decisions(tuple(tiles), tuple(loc.get(s.stage, ()) if s.location else () for s in ss),
                      tuple(par.get(s.stage, 0) for s in ss), tuple(vec.get(s.stage, 0) for s in ss),
-                     tuple(unroll.get(s.stage, 0) for s in ss))
+                     tuple(unroll.get(s.stage, 0) for s in ss),
+                     tuple(int(s.pack is not None and s.pack.reader in packed) for s in ss))
 
 
-__all__ = ["factor_schemes", "sample_tile", "Decisions", "Resample", "sample_schedules", "realize",
+__all__ = ["factor_schemes", "sample_tile", "Decisions", "Resample", "sample_schedules", "realize", "default_like",
            "decisions_of", "check_state", "as_random", "divisors", "NONDIVISIBLE"]

@@ -2,6 +2,7 @@
 
 Map:
   lower(cd, steps_or_state, name)  the entry point (no steps: the default lowering, every stage at root)
+  inlined_bodies(state)            the non-inlined stages and their bodies with inlined producers substituted
   _Lowerer.run                     inline -> name loops -> infer bounds (consumers first) -> emit
   _expand_inline                   substitute inlined producers into their consumers' expressions
   _name_loops                      unique loop variable names (iterator name, else `stage.iterator`)
@@ -58,6 +59,15 @@ def lower(cd: ComputeDef, steps_or_state=(), name: str | None = None) -> LoopFun
     """Lower `cd` under a schedule (a sequence of steps, a Schedule or a State) to a LoopFunc."""
     state = steps_or_state if isinstance(steps_or_state, State) else replay(cd, steps_or_state)
     return _Lowerer(state).run(name or cd.name)
+
+
+def inlined_bodies(state: State) -> tuple[list[str], dict[str, Expr]]:
+    """The stages that get a loop nest (not inlined), in stage order, and each one's body expression with
+    its inlined producers substituted (what lowering emits per statement; used by the cost model's fast
+    feature path)."""
+    low = _Lowerer(state)
+    low._expand_inline()
+    return list(low.order), {n: low.infos[n].body for n in low.order}
 
 
 def default_lowering(cd: ComputeDef, name: str | None = None) -> LoopFunc:

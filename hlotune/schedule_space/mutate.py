@@ -6,6 +6,7 @@ Map:
   mutate_unroll(sketch, schedule, rng)            another auto_unroll_max_step value on one stage
   mutate_compute_location(sketch, schedule, rng)  another compute location for one location site
   mutate_parallel(sketch, schedule, rng)          another number of fused outer loops made parallel
+  mutate_pack(sketch, schedule, rng)              pack the B operand of a tiled stage, or stop packing it
   crossover(sketch, a, b, rng)                    each tile hole and each annotation site from one parent
   MUTATIONS                                       (name, function, weight): tile size the most
 
@@ -126,6 +127,11 @@ def mutate_parallel(sketch: Sketch, schedule: Schedule, rng=None) -> Schedule | 
     return _mutate_site(sketch, schedule, rng, "par", "parallel")
 
 
+def mutate_pack(sketch: Sketch, schedule: Schedule, rng=None) -> Schedule | None:
+    """Pack a tiled stage's B operand or stop packing it."""
+    return _mutate_site(sketch, schedule, rng, "pack", "pack")
+
+
 def crossover(sketch: Sketch, a: Schedule, b: Schedule, rng=None) -> Schedule | None:
     """A child of two schedules of `sketch`: each tile hole and each annotation site (location, parallel,
     vectorize, unroll together) from one parent at random.  None when the parents are of other sketches
@@ -145,7 +151,7 @@ def crossover(sketch: Sketch, a: Schedule, b: Schedule, rng=None) -> Schedule | 
             return tuple(u if p else v for u, v, p in zip(x, y, pick))
 
         child = Decisions(mix(da.tiles, db.tiles, pt), mix(da.loc, db.loc, ps), mix(da.par, db.par, ps),
-                          mix(da.vec, db.vec, ps), mix(da.unroll, db.unroll, ps))
+                          mix(da.vec, db.vec, ps), mix(da.unroll, db.unroll, ps), mix(da.pack, db.pack, ps))
         s = _try(sketch, child, rng, a.workload_key, (a, b))
         if s is not None:
             return s
@@ -158,6 +164,7 @@ MUTATIONS = (
     ("unroll", mutate_unroll, 0.1),
     ("compute_location", mutate_compute_location, 0.1),
     ("parallel", mutate_parallel, 0.1),
+    ("pack", mutate_pack, 0.05),
 )
 
 
@@ -174,5 +181,6 @@ def mutate(sketch: Sketch, schedule: Schedule, rng=None) -> Schedule | None:
     return None
 
 
-__all__ = ["mutate_tile_size", "mutate_unroll", "mutate_compute_location", "mutate_parallel", "crossover",
+__all__ = ["mutate_tile_size", "mutate_unroll", "mutate_compute_location", "mutate_parallel", "mutate_pack",
+           "crossover",
            "mutate", "MUTATIONS"]

@@ -3,7 +3,9 @@
 Map:
   TileHole, Site, Sketch     a sketch: template steps (Split factors None = holes), the tile holes, and the
                              annotation sites (which stage may get parallel / vectorize / unroll / a
-                             sampled compute location); `id` is a short hash of the rule path
+                             sampled compute location / packing of its B operand); `id` is a short hash
+                             of the rule path
+  PackChoice, pack_choice    the packing decision of a tiled dot-like stage (GEMM's packed B panels)
   generate_sketches(task_or_cd, target) -> list[Sketch]
   RULES                      the rule table (name, condition, apply, skip_rest), visited for every stage
                              from the last stage to the first
@@ -19,6 +21,11 @@ visit of a stage:
   cache_write     same tiling when there is no fusible consumer: cache_write to a local stage, tiled and
                   computed at level 1 or 2 of the (now copying) original (2 sketches; the rest also runs)
   tile            the plain tiling (no fusion), root
+                  (all three: when the tiled stage is dot-like with a reused B operand, its site carries a
+                  PackChoice: the annotator decides whether B is packed into panels as wide as the innermost
+                  tile of the last space axis -- the vectorized micro-tile width -- so the tile sizes, the
+                  k-blocking (R1) and the packing are searched together; the default's GEMM blocking is a
+                  point of the tile_fuse@1 / cache_write@1 sketches, see `annotate.default_like`)
   rfactor         a reduction whose output is small: fuse the reduce axes, split (hole), rfactor the
                   outer part (parallel partials) or the inner part (vectorized partials) (2 sketches)
   reduction       other reductions: split the last space axis (hole), order space, j.0, reduce, j.1
@@ -40,7 +47,7 @@ from dataclasses import dataclass, field
 from ..ir.expr import ComputeDef, Load, Stage, Unary, Var, walk
 from ..ir.hlo import TRANSCENDENTAL
 from ..target import Target
-from .default import default_schedule
+from .default import PACK_MIN_ROWS, _b_operand, _reuse_rows, default_schedule
 from .steps import CacheWrite, ComputeAt, ComputeInline, FollowSplit, Fuse, Reorder, RFactor, Split, Step
 
 #: the innermost tile factor of a multi-level tiling is at most this
@@ -67,6 +74,23 @@ class TileHole:
 
 
 @dataclass(frozen=True)
+class PackChoice:
+    """Packing a reused operand of a tiled stage, decided by the annotator at the stage's site: buffer
+    `buffer`, read by `reader`, copied into root stage `name` with dimension `axis` split by the factor of
+    level `level` of tile hole `tile` (the innermost space tile of the stage's last axis: the vectorized
+    micro-tile width, so each panel is contiguous along the reduction), outer part at `outer_pos`
+    (`steps.Pack`)."""
+
+    buffer: str
+    reader: str
+    name: str
+    axis: int
+    outer_pos: int
+    tile: int
+    level: int
+
+
+@dataclass(frozen=True)
 class Site:
     """What the annotator may decide for one stage: fuse its outer space loops and make them parallel,
     vectorize its innermost loop (as is, or after splitting off a lane count), put an
@@ -79,6 +103,7 @@ class Site:
     unroll: bool = False
     location: bool = False
     inlinable: bool = False
+    pack: PackChoice | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +130,8 @@ class Sketch:
             lines.append(f"  {k:2d} {s}" + ("   <- hole" if k in holes else ""))
         for s in self.sites:
             flags = [n for n in ("parallel", "vector", "unroll", "location") if getattr(s, n)]
+            if s.pack is not None:
+                flags.append(f"pack {s.pack.buffer} -> {s.pack.name}")
             lines.append(f"  site {s.stage}: {', '.join(flags) or '-'}")
         return "\n".join(lines)
 
@@ -194,6 +221,24 @@ def needs_rfactor(stage: Stage, target: Target) -> bool:
     return red >= 2 and (space < 16 * max(1, target.cores) or space < red)
 
 
+def pack_choice(cd: ComputeDef, stage: Stage, reader: str, tile: int, taken: set[str]) -> PackChoice | None:
+    """The packing choice of a multi-level tiled dot-like `stage` (computed as `reader`): its B operand (read
+    at the last space axis and the longest reduce axis as plain variables) when it is an input or another
+    stage and at least PACK_MIN_ROWS output rows reuse each element; `tile` is the index of the last space
+    axis' tile hole (3 factors: the pack factor is its innermost one).  `taken` holds the names in use."""
+    found = _b_operand(stage)
+    if found is None:
+        return None
+    load, p, q = found
+    if load.buffer in (stage.name, reader) or _reuse_rows(stage, load) < PACK_MIN_ROWS:
+        return None
+    rest = [d for d in range(len(load.indices)) if d != p]
+    name = f"{load.buffer}.pack"
+    while name in taken:
+        name += "_"
+    return PackChoice(load.buffer, reader, name, p, rest.index(q), tile, 2)
+
+
 # ----------------------------------------------------------------------------- generation state
 
 @dataclass(frozen=True)
@@ -216,6 +261,7 @@ class _Ctx:
     target: Target
     consumers: dict[str, list[str]]
     hosts: dict[str, str]  # fusible consumer -> tiled producer
+    names: set[str] = field(default_factory=set)   # stage and input names of the compute definition
 
     def fused(self, stage: Stage) -> Stage | None:
         if not needs_multi_level_tiling(stage):
@@ -282,20 +328,29 @@ def _c_tile_fuse(ctx: _Ctx, gen: _Gen, s: Stage) -> bool:
     return ctx.fused(s) is not None
 
 
-def _tiled_with_host(gen: _Gen, rule: str, name: str, host: Stage, space, red, pre=()) -> list[_Gen]:
+def _pack_of(ctx: _Ctx, gen: _Gen, stage: Stage, reader: str, n_space: int) -> PackChoice | None:
+    if not n_space:
+        return None
+    taken = ctx.names | {x.pack.name for x in gen.sites if x.pack is not None}
+    return pack_choice(ctx.cd, stage, reader, len(gen.tiles) + n_space - 1, taken)
+
+
+def _tiled_with_host(ctx: _Ctx, gen: _Gen, rule: str, stage: Stage, name: str, host: Stage, space, red,
+                     pre=()) -> list[_Gen]:
     out = []
     for level in (1, 2):
         g = gen.add(rule + f"@{level}", pre)
         steps, holes, idx = _multi_level_tile(g, name, space, red)
         steps += _fuse_into(name, host.name, [a.name for a in host.axes], idx, level)
-        sites = [Site(name, vector=True, unroll=True), Site(host.name, parallel=True, vector=True)]
+        pack = _pack_of(ctx, g, stage, name, len(space))
+        sites = [Site(name, vector=True, unroll=True, pack=pack), Site(host.name, parallel=True, vector=True)]
         out.append(_Gen(g.steps + tuple(steps), g.tiles + tuple(holes), g.sites + tuple(sites), g.rules))
     return out
 
 
 def _a_tile_fuse(ctx: _Ctx, gen: _Gen, s: Stage) -> list[_Gen]:
     space, red = _axes(s)
-    return _tiled_with_host(gen, f"{s.name}:tile_fuse", s.name, ctx.fused(s), space, red)
+    return _tiled_with_host(ctx, gen, f"{s.name}:tile_fuse", s, s.name, ctx.fused(s), space, red)
 
 
 def _c_tiling(ctx: _Ctx, gen: _Gen, s: Stage) -> bool:
@@ -306,13 +361,16 @@ def _a_cache_write(ctx: _Ctx, gen: _Gen, s: Stage) -> list[_Gen]:
     space, red = _axes(s)
     local = f"{s.name}.local"
     copy = Stage(s.name, s.axes, Load(local, tuple(a.var for a in s.axes), s.dtype), s.dtype)
-    return _tiled_with_host(gen, f"{s.name}:cache_write", local, copy, space, red, [CacheWrite(s.name, "local")])
+    return _tiled_with_host(ctx, gen, f"{s.name}:cache_write", s, local, copy, space, red,
+                            [CacheWrite(s.name, "local")])
 
 
 def _a_tile(ctx: _Ctx, gen: _Gen, s: Stage) -> list[_Gen]:
     space, red = _axes(s)
     steps, holes, _ = _multi_level_tile(gen, s.name, space, red)
-    return [gen.add(f"{s.name}:tile", steps, holes, [Site(s.name, parallel=True, vector=True, unroll=True)])]
+    pack = _pack_of(ctx, gen, s, s.name, len(space))
+    return [gen.add(f"{s.name}:tile", steps, holes, [Site(s.name, parallel=True, vector=True, unroll=True,
+                                                             pack=pack)])]
 
 
 def _c_rfactor(ctx: _Ctx, gen: _Gen, s: Stage) -> bool:
@@ -426,7 +484,7 @@ def generate_sketches(task_or_cd, target: Target | None = None, default: bool = 
             d = fusible_consumer(cd, s, cons)
             if d is not None:
                 hosts[d.name] = s.name
-    ctx = _Ctx(cd, target, cons, hosts)
+    ctx = _Ctx(cd, target, cons, hosts, {st.name for st in cd.stages} | {b.name for b in cd.inputs})
     gens = [_Gen()]
     for s in reversed(cd.stages):
         gens = [g2 for g in gens for g2 in _visit(ctx, g, s)]
@@ -448,6 +506,6 @@ def sketch_by_id(sketches: list[Sketch]) -> dict[str, Sketch]:
     return {s.id: s for s in sketches}
 
 
-__all__ = ["TileHole", "Site", "Sketch", "RULES", "Rule", "generate_sketches", "sketch_by_id",
+__all__ = ["TileHole", "Site", "PackChoice", "pack_choice", "Sketch", "RULES", "Rule", "generate_sketches", "sketch_by_id",
            "needs_multi_level_tiling", "fusible_consumer", "needs_rfactor", "is_cheap_elementwise",
            "MAX_INNERMOST", "MAX_LANES", "UNROLL_CHOICES"]

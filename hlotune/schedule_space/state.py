@@ -154,7 +154,7 @@ class State:
 
     def with_stage(self, st: StageState) -> State:
         k = self.by_name[st.name]
-        return replace(self, stages=self.stages[:k] + (st,) + self.stages[k + 1:])
+        return _renew(self, stages=self.stages[:k] + (st,) + self.stages[k + 1:])
 
     def __str__(self) -> str:
         lines = []
@@ -163,6 +163,17 @@ class State:
                            f"{'' if i.kind is ForKind.SERIAL else '/' + i.kind.value}" for i in s.iters)
             lines.append(f"{s.name} [{s.attach}, {s.scope}]: {its}")
         return "\n".join(lines)
+
+
+def _renew(obj, **changes):
+    """`dataclasses.replace` for the frozen StageState / State / Iterator, without running __init__ (replay
+    makes hundreds of thousands of these; `replace` was its largest cost).  A State keeps its cached
+    `by_name` unless its stage names change (callers that insert stages pass `stages` through `_insert`)."""
+    new = object.__new__(type(obj))
+    d = new.__dict__
+    d.update(obj.__dict__)
+    d.update(changes)
+    return new
 
 
 # ----------------------------------------------------------------------------- relations
@@ -230,8 +241,21 @@ def _descendants(rels, roots: set[str]) -> set[str]:
 
 # ----------------------------------------------------------------------------- queries
 
-def loads_of(e: Expr) -> set[str]:
-    return {n.buffer for n in walk(e) if isinstance(n, Load)}
+_LOADS: dict[int, tuple[Expr, frozenset[str]]] = {}
+_LOADS_MAX = 8192
+
+
+def loads_of(e: Expr) -> frozenset[str]:
+    """Buffers loaded by expression `e` (cached per expression object: stage bodies are shared by every
+    state of a replay, and `apply` asks for them at almost every step)."""
+    hit = _LOADS.get(id(e))
+    if hit is not None and hit[0] is e:
+        return hit[1]
+    out = frozenset(n.buffer for n in walk(e) if isinstance(n, Load))
+    if len(_LOADS) >= _LOADS_MAX:
+        _LOADS.clear()
+    _LOADS[id(e)] = (e, out)
+    return out
 
 
 def consumers(state: State, name: str) -> list[str]:
@@ -331,7 +355,7 @@ def _move_attach(state: State, stage: str, old: set[str], new: str) -> State:
     fuse: the fused loop), which still encloses their consumers."""
     for s in state.stages:
         if s.attach.kind == "at" and s.attach.stage == stage and s.attach.iter in old:
-            state = state.with_stage(replace(s, attach=Attach("at", stage, new)))
+            state = state.with_stage(_renew(s, attach=Attach("at", stage, new)))
     return state
 
 
@@ -368,7 +392,7 @@ def _do_split(state: State, stage: str, iter_: str, lengths: tuple, inner_to_out
             cur = inner
     ext = propagate(rels, {iter_: it.extent})
     new = tuple(Iterator(nm, ext[nm], it.is_reduce) for nm in names)
-    st = replace(st, iters=st.iters[:pos] + new + st.iters[pos + 1:], relations=st.relations + tuple(rels))
+    st = _renew(st, iters=st.iters[:pos] + new + st.iters[pos + 1:], relations=st.relations + tuple(rels))
     return _move_attach(state.with_stage(st), stage, {iter_}, names[-1])
 
 
@@ -436,7 +460,7 @@ def _reorder(state: State, s: Reorder) -> State:
     by = {i.name: i for i in st.iters}
     if any(by[n].kind is ForKind.VECTORIZED for n in s.order[:-1]):
         raise ScheduleError(f"reorder of {s.stage}: a vectorized iterator must stay innermost")
-    return state.with_stage(replace(st, iters=tuple(by[n] for n in s.order)))
+    return state.with_stage(_renew(st, iters=tuple(by[n] for n in s.order)))
 
 
 def _fuse(state: State, s: Fuse) -> State:
@@ -456,7 +480,7 @@ def _fuse(state: State, s: Fuse) -> State:
     for i in its:
         ext *= i.extent
     new = Iterator(name, ext, its[0].is_reduce)
-    st = replace(st, iters=st.iters[:ps[0]] + (new,) + st.iters[ps[-1] + 1:],
+    st = _renew(st, iters=st.iters[:ps[0]] + (new,) + st.iters[ps[-1] + 1:],
                  relations=st.relations + (FuseRel(tuple(s.iters), name),))
     return _move_attach(state.with_stage(st), s.stage, set(s.iters), name)
 
@@ -477,7 +501,7 @@ def _compute_at(state: State, s: ComputeAt) -> State:
         raise ScheduleError(f"compute_at of {s.stage} into vectorized loop {t.name}.{s.iter}")
     if any(i.kind is ForKind.PARALLEL for i in st.iters):
         raise ScheduleError(f"compute_at of {s.stage}: it has a parallel loop (parallel loops are outermost)")
-    new = state.with_stage(replace(st, attach=Attach("at", t.name, s.iter)))
+    new = state.with_stage(_renew(st, attach=Attach("at", t.name, s.iter)))
     if any(n == s.stage for n, _ in _safe_chain(new, t.name)):
         raise ScheduleError(f"compute_at of {s.stage} at {t.name}.{s.iter} creates a cycle "
                             f"({t.name} is computed inside {s.stage})")
@@ -513,7 +537,7 @@ def _compute_inline(state: State, s: ComputeInline) -> State:
     att = _attached_at(state, s.stage, {i.name for i in st.iters})
     if att:
         raise ScheduleError(f"compute_inline of {s.stage}: stage {att[0]} is computed at one of its loops")
-    new = state.with_stage(replace(st, attach=INLINE))
+    new = state.with_stage(_renew(st, attach=INLINE))
     for other in new.stages:
         if other.attach.kind == "at":
             check_attach(new, other.name)
@@ -522,7 +546,7 @@ def _compute_inline(state: State, s: ComputeInline) -> State:
 
 def _compute_root(state: State, s: ComputeRoot) -> State:
     st = state.stage(s.stage)
-    return state.with_stage(replace(st, attach=ROOT))
+    return state.with_stage(_renew(st, attach=ROOT))
 
 
 def _rename_loads(e: Expr, old: str, new: str) -> Expr:
@@ -552,7 +576,7 @@ def _buffer_info(state: State, name: str) -> tuple[tuple[int, ...], DType]:
 
 
 def _insert(state: State, k: int, st: StageState) -> State:
-    return replace(state, stages=state.stages[:k] + (st,) + state.stages[k:])
+    return State(state.cd, state.stages[:k] + (st,) + state.stages[k:], state.steps)
 
 
 def _cache_read(state: State, s: CacheRead) -> State:
@@ -572,7 +596,7 @@ def _cache_read(state: State, s: CacheRead) -> State:
     op = Stage(name, axes, Load(s.stage, tuple(a.var for a in axes), dtype), dtype)
     for r in s.readers:
         rs = state.stage(r)
-        state = state.with_stage(replace(rs, op=replace(rs.op, body=_rename_loads(rs.op.body, s.stage, name))))
+        state = state.with_stage(_renew(rs, op=replace(rs.op, body=_rename_loads(rs.op.body, s.stage, name))))
     first = min(state.by_name[r] for r in s.readers)
     return _insert(state, first, StageState(name, op, initial_iters(op), scope=s.scope))
 
@@ -594,7 +618,7 @@ def _cache_write(state: State, s: CacheWrite) -> State:
     op = replace(st.op, name=name)
     local = StageState(name, op, initial_iters(op), scope=s.scope, predicate=st.predicate)
     copy_op = Stage(st.name, st.op.axes, Load(name, tuple(a.var for a in st.op.axes), st.op.dtype), st.op.dtype)
-    state = state.with_stage(replace(st, op=copy_op, iters=initial_iters(copy_op), predicate=None))
+    state = state.with_stage(_renew(st, op=copy_op, iters=initial_iters(copy_op), predicate=None))
     return _insert(state, state.by_name[s.stage], local)
 
 
@@ -635,7 +659,7 @@ def _rfactor(state: State, s: RFactor) -> State:
     fin_axis = Axis(it.name, it.extent)
     fin_op = Stage(st.name, st.op.axes, Load(rf, (fin_axis.var,) + tuple(a.var for a in st.op.axes), st.op.dtype),
                    st.op.dtype, (fin_axis,), st.op.reducer)
-    state = state.with_stage(replace(st, op=fin_op, iters=initial_iters(fin_op), relations=(), predicate=None))
+    state = state.with_stage(_renew(st, op=fin_op, iters=initial_iters(fin_op), relations=(), predicate=None))
     return _insert(state, state.by_name[s.stage], rf_st)
 
 
@@ -687,7 +711,7 @@ def _pack(state: State, s: Pack) -> State:
 
     for r in s.readers:
         rs = state.stage(r)
-        state = state.with_stage(replace(rs, op=replace(rs.op, body=repack(rs.op.body))))
+        state = state.with_stage(_renew(rs, op=replace(rs.op, body=repack(rs.op.body))))
     first = min(state.by_name[r] for r in s.readers)
     return _insert(state, first, StageState(name, op, initial_iters(op)))
 
@@ -723,8 +747,8 @@ def _annotate(state: State, s: Annotate) -> State:
             raise ScheduleError(f"vectorize {s.stage}.{s.iter}: a stage is computed at it")
     if kind is ForKind.PARALLEL and st.attach.kind == "at":
         raise ScheduleError(f"parallel {s.stage}.{s.iter}: the stage is computed inside another loop")
-    its = st.iters[:pos] + (replace(it, kind=kind),) + st.iters[pos + 1:]
-    return state.with_stage(replace(st, iters=its))
+    its = st.iters[:pos] + (_renew(it, kind=kind),) + st.iters[pos + 1:]
+    return state.with_stage(_renew(st, iters=its))
 
 
 def _pragma(state: State, s: Pragma) -> State:
@@ -736,8 +760,8 @@ def _pragma(state: State, s: Pragma) -> State:
         raise ScheduleError(f"pragma {s.name}: value {s.value!r} must be a non-negative integer")
     it = st.iters[pos]
     prs = tuple(p for p in it.pragmas if p[0] != s.name) + ((s.name, s.value),)
-    its = st.iters[:pos] + (replace(it, pragmas=prs),) + st.iters[pos + 1:]
-    return state.with_stage(replace(st, iters=its))
+    its = st.iters[:pos] + (_renew(it, pragmas=prs),) + st.iters[pos + 1:]
+    return state.with_stage(_renew(st, iters=its))
 
 
 def _storage_align(state: State, s: StorageAlign) -> State:
@@ -749,7 +773,7 @@ def _storage_align(state: State, s: StorageAlign) -> State:
         raise ScheduleError(f"storage_align of {s.stage}: only axis {nd - 2} (the second-to-last) is supported")
     if s.factor < 1 or not 0 <= s.offset < s.factor:
         raise ScheduleError(f"storage_align of {s.stage}: need factor >= 1 and 0 <= offset < factor")
-    return state.with_stage(replace(st, align=st.align + ((s.axis, s.factor, s.offset),)))
+    return state.with_stage(_renew(st, align=st.align + ((s.axis, s.factor, s.offset),)))
 
 
 _APPLY = {
@@ -772,7 +796,7 @@ def apply(state: State, step: Step) -> State:
                 check_attach(new, st.name)
     except ScheduleError as e:
         raise ScheduleError(f"step {len(state.steps)} ({step.tag}): {e.message}") from None
-    return replace(new, steps=state.steps + (step,))
+    return _renew(new, steps=state.steps + (step,))
 
 
 def replay(cd: ComputeDef, steps) -> State:
