@@ -11,7 +11,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,db,search]'
+	$(BIN)/python -m pip install -q -e '.[dev,db,search,distributed]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,6 +1,6 @@
 """Distributed measurement on a real Ray cluster started here: a head and worker nodes as separate processes
 (ray.cluster_utils), with custom resources standing in for machines of two kinds of target (fingerprints A and
-B: the host CPU with two made-up core counts, so both build and run here), and Ray-declared GPUs standing in for a
+B: the host CPU under made-up fingerprints, so both build and run here), and Ray-declared GPUs standing in for a
 machine with two GPUs.  Compared against: the records in the database (one per trial, each target's records only
 from the nodes announcing it), the detected host target, and the number of trials asked for."""
 
@@ -37,9 +37,9 @@ SEARCH = dict(population=64, generations=1, progress=False, write_log=False)
 def cluster():
     """head (builds, and the real host target) + w1 (runner of A) + w2 (two 'GPUs', two runners of B)."""
     host = Target.host_cpu()
-    r = random.Random().randrange(100, 100000)   # fresh fingerprints: a shared PostgreSQL may hold old runs
-    a = dataclasses.replace(host, cores=host.cores + r)
-    b = dataclasses.replace(host, cores=host.cores + r + 1)
+    sf = random.Random().randrange(1000, 10**6)   # fresh fingerprints: a shared PostgreSQL may hold old runs
+    a = dataclasses.replace(host, schedule_format_version=sf)
+    b = dataclasses.replace(host, cores=host.cores + 1, schedule_format_version=sf)
     builds = {build_resource(t.fingerprint): 4 for t in (a, b, host)}
     c = Cluster(initialize_head=True, head_node_args=dict(
         num_cpus=1, object_store_memory=STORE, include_dashboard=False,
