@@ -17,12 +17,13 @@ Map:
 
 A schedule of a sketch is the sketch's template with its Split holes filled (same positions), then the
 annotation steps, in this order: for each site with a PackChoice that packs, the Pack step (factor = the
-innermost tile of the stage's last space axis) and the packed copy's own (fixed) schedule; the compute location of each location site (ComputeRoot / ComputeInline /
-ComputeAt, always explicit), then per site: Fuse of its outer space loops + Annotate parallel, Split of
-its innermost loop by the lanes + Annotate vectorized (or Annotate of the innermost loop as is), and a
-Pragma auto_unroll_max_step on its outermost loop.  Candidates for each decision are read off the
-replayed state (iterator extents and attach points), so every choice is legal by construction; replay
-itself is the validation (an illegal step raises ScheduleError and the candidate is dropped).
+innermost tile of the stage's last space axis) and the packed copy's own (fixed) schedule; the compute
+location of each location site (ComputeRoot / ComputeInline / ComputeAt, always explicit), then per site:
+Fuse of its outer space loops + Annotate parallel, Split of its innermost loop by the lanes + Annotate
+vectorized (or Annotate of the innermost loop as is), and a Pragma auto_unroll_max_step on its outermost
+loop. Candidates for each decision are read off the replayed state (iterator extents and attach points), so
+every choice is legal by construction; replay itself is the validation (an illegal step raises ScheduleError
+and the candidate is dropped).
 
 Decision encodings (per site): loc () when not a location site, ("root",), ("inline",) or
 ("at", stage, iterator); par = number of outer loops fused and made parallel (0: none); vec = 0 none,
@@ -32,19 +33,34 @@ the site's B operand is packed (0 otherwise and at sites without a PackChoice).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import random
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import cache, lru_cache
 
 import numpy as np
 
 from ..errors import ScheduleError
-from .loop_ir import ForKind
 from .default import PARALLEL_MIN_WORK
+from .loop_ir import ForKind
 from .sketch import MAX_LANES, UNROLL_CHOICES, PackChoice, Sketch, TileHole
-from .state import SplitRel, StageState, State, _buffer_info, apply, consumers, propagate, replay
-from .steps import Annotate, ComputeAt, ComputeInline, ComputeRoot, Fuse, Pack, Pragma, Reorder, Schedule, Split
+from .state import SplitRel, StageState, State, _buffer_info, apply, consumers, propagate, remember, replay
+from .steps import (
+    Annotate,
+    ComputeAt,
+    ComputeInline,
+    ComputeRoot,
+    Fuse,
+    Pack,
+    Pragma,
+    Reorder,
+    Schedule,
+    Split,
+    step_to_json,
+)
 
 #: probability that a tile hole gets a random non-divisible factorization (guarded tails)
 NONDIVISIBLE = 0.1
@@ -165,7 +181,11 @@ class _Chooser:
 
 
 def _attached_at(state: State, stage: str, it: str) -> bool:
-    return any(s.attach.kind == "at" and s.attach.stage == stage and s.attach.iter == it for s in state.stages)
+    for s in state.stages:
+        a = s.attach
+        if a.iter == it and a.stage == stage and a.kind == "at":
+            return True
+    return False
 
 
 def _loc_options(state: State, site) -> list[tuple]:
@@ -297,20 +317,36 @@ def _pack_steps(state: State, pc: PackChoice, f: int) -> list:
     return steps
 
 
-def _annotate(sketch: Sketch, state: State, ch: _Chooser, smp: _Sampler | None) -> State:
-    sites = sketch.sites
-    inlined: set[str] = set()
-    for k, site in enumerate(sites):
+def _packed(sketch: Sketch, state: State, ch: _Chooser, smp: _Sampler | None, tiles) -> State:
+    """The pack decisions of every site, applied to the template's state (from the state LRU when the same
+    tiles and packs were replayed before: the Pack steps rewrite expressions and re-check every attach)."""
+    chosen = []
+    for k, site in enumerate(sketch.sites):
         pc = site.pack
         if pc is None:
             ch.skip("pack", 0)
             continue
         opts, f = _pack_options(sketch, state, pc)
         if ch.pick("pack", k, opts, smp.pack if smp else None):
-            for step in _pack_steps(state, pc, f):
-                state = apply(state, step)
-            if pc.name not in state.by_name:
+            chosen.append((pc, f))
+    if not chosen:
+        return state
+
+    def build() -> State:
+        st = state
+        for pc, f in chosen:
+            for step in _pack_steps(st, pc, f):
+                st = apply(st, step)
+            if pc.name not in st.by_name:
                 raise ScheduleError(f"pack of {pc.buffer}: the packed copy is not named {pc.name}")
+        return st
+
+    return _cached_state(sketch, (tuple(map(tuple, tiles)), tuple((pc.name, f) for pc, f in chosen)), build)
+
+
+def _annotate(sketch: Sketch, state: State, ch: _Chooser, smp: _Sampler | None) -> State:
+    sites = sketch.sites
+    inlined: set[str] = set()
     for k, site in enumerate(sites):
         if not site.location:
             ch.skip("loc", ())
@@ -381,15 +417,67 @@ def _fill(sketch: Sketch, tiles) -> list:
     return steps
 
 
+_TEMPLATES: OrderedDict = OrderedDict()
+_TEMPLATES_MAX = 4096
+
+
+def _cached_state(sketch: Sketch, key, build) -> State:
+    """An LRU of partial states keyed by (sketch id, key); `build()` makes a missing one."""
+    key = (sketch.id, key)
+    hit = _TEMPLATES.get(key)
+    if hit is not None and hit[0] is sketch.compute:
+        _TEMPLATES.move_to_end(key)
+        return hit[1]
+    state = build()
+    _TEMPLATES[key] = (sketch.compute, state)
+    if len(_TEMPLATES) > _TEMPLATES_MAX:
+        _TEMPLATES.popitem(last=False)
+    return state
+
+
+def _template_state(sketch: Sketch, tiles) -> State:
+    """The state after the sketch's template with `tiles` filled in, from the LRU: mutations of unroll,
+    parallel, location or packing and crossovers keep a parent's tiles, so they skip the template's replay."""
+    return _cached_state(sketch, tuple(map(tuple, tiles)), lambda: replay(sketch.compute, _fill(sketch, tiles)))
+
+
 def _build(sketch: Sketch, tiles, rng: random.Random | None, fixed: Decisions | None) -> tuple[State, Decisions]:
-    state = replay(sketch.compute, _fill(sketch, tiles))
+    state = _template_state(sketch, tiles)
     ch = _Chooser(rng, fixed)
     smp = _Sampler(rng, sketch.target.cores) if rng is not None else None
+    state = _packed(sketch, state, ch, smp, tiles)
     state = _annotate(sketch, state, ch, smp)
     check_state(state)
+    remember(state)
     m = ch.made
     return state, Decisions(tuple(tuple(t) for t in tiles), tuple(m["loc"]), tuple(m["par"]), tuple(m["vec"]),
                             tuple(m["unroll"]), tuple(m["pack"]))
+
+
+_STEP_JSON: dict = {}
+_STEP_JSON_MAX = 65536
+
+
+def _step_text(step) -> str:
+    """The canonical JSON text of one step (as `Schedule.key` writes it), cached per step: the template steps
+    of a sketch are shared by thousands of its schedules."""
+    t = _STEP_JSON.get(step)
+    if t is None:
+        if len(_STEP_JSON) >= _STEP_JSON_MAX:
+            _STEP_JSON.clear()
+        t = _STEP_JSON[step] = json.dumps(step_to_json(step), sort_keys=True, separators=(",", ":"))
+    return t
+
+
+def make_schedule(workload_key: str, steps: tuple, sketch_id: str) -> Schedule:
+    """Schedule(workload_key, steps, sketch_id) with its structural `key` computed from cached per-step JSON
+    (the same text and hash as `Schedule.key`, which otherwise re-serializes every step of every candidate)."""
+    s = Schedule(workload_key, tuple(steps), sketch_id)
+    head = '{"sketch":' + json.dumps(sketch_id) + "," if sketch_id else "{"
+    text = (head + '"steps":[' + ",".join(_step_text(x) for x in s.steps) + '],"workload_key":'
+            + json.dumps(workload_key) + "}")
+    s.__dict__["key"] = hashlib.sha256(text.encode()).hexdigest()   # primes the cached_property
+    return s
 
 
 def as_random(rng) -> random.Random:
@@ -413,7 +501,7 @@ def sample_schedules(sketch: Sketch, task=None, rng=0, n: int = 1, nondivisible:
             replay(sketch.compute, sketch.steps)
         except ScheduleError:
             return []
-        return [Schedule(wk, sketch.steps, sketch.id)][:n]
+        return [make_schedule(wk, sketch.steps, sketch.id)][:n]
     out: list[Schedule] = []
     seen: set = set()
     tries = max_tries if max_tries is not None else 4 * n + 16
@@ -428,7 +516,7 @@ def sample_schedules(sketch: Sketch, task=None, rng=0, n: int = 1, nondivisible:
         if state.steps in seen:
             continue
         seen.add(state.steps)
-        out.append(Schedule(wk, state.steps, sketch.id))
+        out.append(make_schedule(wk, state.steps, sketch.id))
     return out
 
 
@@ -437,17 +525,17 @@ def realize(sketch: Sketch, decisions: Decisions, rng=None, workload_key: str | 
     with an rng, decisions that no longer fit (or are `Resample` markers) are drawn again at random."""
     rnd = None if rng is None else as_random(rng)
     state, _ = _build(sketch, decisions.tiles, rnd, decisions)
-    return Schedule(workload_key or sketch.workload_key, state.steps, sketch.id)
+    return make_schedule(workload_key or sketch.workload_key, state.steps, sketch.id)
 
 
 def default_like(sketch: Sketch, rng=0) -> Schedule | None:
     """The schedule of `sketch` closest to the default schedule's GEMM blocking (`default._gemm_plan`), for a
-    tile_fuse@1 / cache_write@1 sketch of a dot-like stage: row tiles (1, tm/mr, mr), column tiles
-    (1, tn/nr, nr), batch tiles 1, the longest reduce axis blocked by kc (others outside), B packed into
-    nr-wide panels, the consumer's tile loops fused and parallel, vector lanes vl on both stages and auto-unroll
-    512 (which unrolls the mr x nr/vl micro-tile).  Other decisions are drawn from `rng`.  The search starts
-    from it, so tuning explores the neighbourhood of the default (tile sizes, k-blocking, packing) instead of
-    having to find that point at random.  None for other sketches or when the default is no GEMM."""
+    tile_fuse@1 / cache_write@1 sketch of a dot-like stage: row tiles (1, tm/mr, mr), column tiles (1, tn/nr,
+    nr), batch tiles 1, the longest reduce axis blocked by kc (others outside), B packed into nr-wide panels,
+    the consumer's tile loops fused and parallel, vector lanes vl on both stages and auto-unroll 64 (which
+    unrolls the mr x nr/vl micro-tile but not the k loop around it). Other decisions are drawn from `rng`. The
+    search starts from it, so tuning explores the neighbourhood of the default (tile sizes, k-blocking, packing)
+    instead of having to find that point at random. None for other sketches or when the default is no GEMM."""
     from .default import _gemm_plan, _inner_reduce
 
     if not sketch.tiles or not any(r.endswith(("tile_fuse@1", "cache_write@1")) for r in sketch.rules):
@@ -475,7 +563,7 @@ def default_like(sketch: Sketch, rng=0) -> Schedule | None:
     for k, site in enumerate(sketch.sites):
         if site.stage == name:
             vec[k] = plan.vl if plan.nr > plan.vl else 1
-            unroll[k] = 512
+            unroll[k] = 64 if plan.mr * plan.nvec <= 64 else 512   # the micro-tile, not the k loop
             pack[k] = int(site.pack is not None)
         elif site.parallel and site.vector and not site.location:   # the consumer hosting the tile
             par[k] = len(batch) + 2 if work >= PARALLEL_MIN_WORK else 0

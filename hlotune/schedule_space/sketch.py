@@ -52,6 +52,8 @@ from .steps import CacheWrite, ComputeAt, ComputeInline, FollowSplit, Fuse, Reor
 
 #: the innermost tile factor of a multi-level tiling is at most this
 MAX_INNERMOST = 64
+#: the block of a reduce axis (k-blocking: the R1 level of SSRSRS) is at most this
+MAX_REDUCE_BLOCK = 512
 #: vector lanes are at most this
 MAX_LANES = 16
 #: auto_unroll_max_step values the annotator picks from
@@ -280,7 +282,7 @@ def _multi_level_tile(gen: _Gen, name: str, space: list[tuple[str, int]], red: l
         holes.append(TileHole(base + len(steps), name, a, ext, 3))
         steps.append(Split(name, a, (None, None, None)))
     for a, ext in red:
-        holes.append(TileHole(base + len(steps), name, a, ext, 1))
+        holes.append(TileHole(base + len(steps), name, a, ext, 1, MAX_REDUCE_BLOCK))
         steps.append(Split(name, a, (None,)))
     s = [a for a, _ in space]
     r = [a for a, _ in red]
@@ -506,6 +508,7 @@ def sketch_by_id(sketches: list[Sketch]) -> dict[str, Sketch]:
     return {s.id: s for s in sketches}
 
 
-__all__ = ["TileHole", "Site", "PackChoice", "pack_choice", "Sketch", "RULES", "Rule", "generate_sketches", "sketch_by_id",
+__all__ = ["TileHole", "Site", "PackChoice", "pack_choice", "Sketch", "RULES", "Rule", "generate_sketches",
+           "sketch_by_id",
            "needs_multi_level_tiling", "fusible_consumer", "needs_rfactor", "is_cheap_elementwise",
-           "MAX_INNERMOST", "MAX_LANES", "UNROLL_CHOICES"]
+           "MAX_INNERMOST", "MAX_REDUCE_BLOCK", "MAX_LANES", "UNROLL_CHOICES"]

@@ -8,7 +8,8 @@ Map:
   State           the stages (topological order) + the steps applied so far
   init_state(cd)  every stage at root with its natural loops
   apply(st, step) one step -> new State (pure); illegal steps raise ScheduleError with the reason
-  replay(cd, steps)
+  replay(cd, steps)            (states of schedules just built by sampling / mutation are `remember`ed: no second
+                               replay when they are lowered)
   propagate(rels, root_extents)   leaf/intermediate extents (split: inner = min(P, f), outer = ceil)
   root_exprs(rels, ext, leaf)     root axis expressions of the leaves, plus guards of inexact splits
   consumers(state, name)          non-inlined stages reading `name` once inlined stages are expanded
@@ -19,6 +20,7 @@ Rules tables: `_APPLY` maps a step class to its function.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -177,6 +179,13 @@ def _renew(obj, **changes):
 
 
 # ----------------------------------------------------------------------------- relations
+
+def _iterator(name: str, extent: int, is_reduce: bool) -> Iterator:
+    """Iterator(name, extent, is_reduce) without the frozen dataclass' __init__ (replay makes many)."""
+    it = object.__new__(Iterator)
+    it.__dict__.update(name=name, extent=extent, is_reduce=is_reduce, kind=ForKind.SERIAL, pragmas=())
+    return it
+
 
 def initial_iters(op: Stage) -> tuple[Iterator, ...]:
     return (tuple(Iterator(a.name, a.extent, False) for a in op.axes)
@@ -391,7 +400,7 @@ def _do_split(state: State, stage: str, iter_: str, lengths: tuple, inner_to_out
             rels.append(SplitRel(cur, names[k], inner, nparts=lengths[k]))
             cur = inner
     ext = propagate(rels, {iter_: it.extent})
-    new = tuple(Iterator(nm, ext[nm], it.is_reduce) for nm in names)
+    new = tuple([_iterator(nm, ext[nm], it.is_reduce) for nm in names])
     st = _renew(st, iters=st.iters[:pos] + new + st.iters[pos + 1:], relations=st.relations + tuple(rels))
     return _move_attach(state.with_stage(st), stage, {iter_}, names[-1])
 
@@ -799,9 +808,26 @@ def apply(state: State, step: Step) -> State:
     return _renew(new, steps=state.steps + (step,))
 
 
+_REPLAYED: OrderedDict[int, tuple[tuple, ComputeDef, State]] = OrderedDict()
+_REPLAYED_MAX = 2048
+
+
+def remember(state: State) -> None:
+    """Keep `state` for a later `replay(state.cd, state.steps)` of the very same steps tuple (e.g. `lower` of a
+    schedule that sampling or mutation has just replayed to validate it): a small LRU keyed by the identity of
+    the steps tuple, so a lookup costs no hashing of the steps."""
+    _REPLAYED[id(state.steps)] = (state.steps, state.cd, state)
+    _REPLAYED.move_to_end(id(state.steps))
+    if len(_REPLAYED) > _REPLAYED_MAX:
+        _REPLAYED.popitem(last=False)
+
+
 def replay(cd: ComputeDef, steps) -> State:
     """The state after applying `steps` (a sequence of Step, or a Schedule) to `cd`."""
     steps = getattr(steps, "steps", steps)
+    hit = _REPLAYED.get(id(steps))
+    if hit is not None and hit[0] is steps and hit[1] is cd:
+        return hit[2]
     st = init_state(cd)
     for s in steps:
         st = apply(st, s)

@@ -10,11 +10,12 @@ Map:
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 
 from ..cost_model.metrics import mean_metrics, task_metrics
-from ..cost_model.model import CostModel, RandomModel, Sample
+from ..cost_model.model import MODES, CostModel, CostModelWarning, RandomModel, Sample, features_of_samples
 from ..errors import HlotuneError, InputError
 
 
@@ -70,14 +71,19 @@ def evaluate_model(model, samples: list[Sample], min_records: int = 8) -> dict[s
 def evaluate_lowo(samples: list[Sample], make_model=None, min_records: int = 8) -> dict[str, dict[str, float]]:
     """Leave one workload out: for each workload, train a fresh model on all others and score it."""
     make_model = make_model or (lambda: CostModel(seed=0))
+    feats = features_of_samples(samples)            # once: they do not depend on the model
     by = _by_task(samples)
     out = {}
     for k, g in by.items():
         if sum(1 for s in g if s.costs) < min_records:
             continue
         model = make_model()
-        model.fit([s for s in samples if s.workload_key != k])
-        out[k] = _score(model, g)
+        rest = [i for i, s in enumerate(samples) if s.workload_key != k]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CostModelWarning)
+            model.fit([samples[i] for i in rest], [feats[i] for i in rest])
+        test = [i for i, s in enumerate(samples) if s.workload_key == k and s.costs]
+        out[k] = task_metrics([samples[i].cost for i in test], model.predict_features([feats[i] for i in test]))
     return out
 
 
@@ -121,7 +127,7 @@ def add_cost_model_parser(subparsers) -> None:
     t = sub.add_parser("train", help="train on one or more tuning databases and save the model")
     t.add_argument("db", nargs="+", help="tuning databases (.db, .jsonl, URL)")
     t.add_argument("-o", "--output", required=True, help="model file to write")
-    t.add_argument("--mode", choices=("packsum", "rank"), default="packsum")
+    t.add_argument("--mode", choices=MODES, default="packsum")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--target", default=None, help="only records of this target fingerprint")
     t.set_defaults(func=_guard(_cmd_train))
@@ -130,7 +136,7 @@ def add_cost_model_parser(subparsers) -> None:
     e.add_argument("db")
     e.add_argument("--model", default=None, help="evaluate this saved model instead of leave-one-out training")
     e.add_argument("--random", action="store_true", help="evaluate the random model (baseline)")
-    e.add_argument("--mode", choices=("packsum", "rank"), default="packsum")
+    e.add_argument("--mode", choices=MODES, default="packsum")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--target", default=None)
     e.add_argument("--json", action="store_true")

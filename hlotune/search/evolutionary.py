@@ -7,14 +7,17 @@ Map:
   score(space, model, schedules, cache) -> ndarray    predicted scores (higher = faster), features cached
 
 One round (`propose`):
-  1. initial population: the best measured schedules (up to `measured_ratio` of it) plus random schedules
-     drawn evenly from the sketches, `population` in all;
+  1. initial population: the best measured schedules (up to `measured_ratio` of it), the task's default-like
+     seeds (`TaskSpace.seeds`: the default's GEMM blocking as a point of a sketch with holes) plus random
+     schedules drawn evenly from the sketches, `population` in all;
   2. `generations` times: score the population with the cost model, choose parents in proportion to their
      score, and make each child by crossover of two parents of the same sketch (`crossover_prob`), by one
      mutation (tile size most often, then unroll, compute location, parallel granularity:
      `schedule_space.mutate.MUTATIONS`; `mutation_prob`) or as a copy;
   3. every scored schedule not yet measured competes for the batch: the best `n - n_random` by predicted
-     score, plus `n_random = round(eps_greedy * n)` random schedules of step 1 (epsilon-greedy).
+     score, plus `n_random = round(eps_greedy * n)` random schedules of step 1 (epsilon-greedy); a seed not
+     yet measured goes first (so the first round measures the default-like points).
+While the cost model is untrained (or random) step 2 is skipped: evolving on random scores finds nothing.
 No schedule whose structural hash is in `measured` (or already picked) is proposed, so nothing is measured
 twice.  Features are cached per schedule key (they do not depend on the model), so survivors of a generation
 and of earlier rounds are not featurized again; while the model is untrained (random scores) no features are
@@ -30,9 +33,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..schedule_space.mutate import crossover, mutate
 from ..schedule_space.steps import Schedule
-from .space import TaskSpace, sample_random
+from .space import TaskSpace, crossover, mutate, sample_random  # per sketch kind (CPU / GPU)
 
 #: features of this many schedules are kept per task
 FEATURE_CACHE = 20000
@@ -84,6 +86,17 @@ def _weights(scores: np.ndarray) -> list[float]:
     return w.tolist()
 
 
+def _informative(model) -> bool:
+    """Whether the model's scores mean anything: an XGBoost model before its first training (or the random
+    model) scores at random, and evolving a population on random scores costs seconds per round for nothing,
+    so such rounds measure the seeds and random samples instead."""
+    from ..cost_model.model import RandomModel
+
+    if isinstance(model, RandomModel):
+        return False
+    return getattr(model, "trained", True) or not hasattr(model, "predict_features")
+
+
 class EvolutionarySearch:
     """Cost-model-guided evolutionary search over the sketches of one task."""
 
@@ -117,7 +130,9 @@ class EvolutionarySearch:
     # ------------------------------------------------------------------ one round
     def _initial(self, rng: random.Random) -> tuple[list[Schedule], list[Schedule]]:
         seeds = [s for _, _, s in self.best[: int(self.population * self.measured_ratio)]]
-        rand = sample_random(self.space, rng, self.population - len(seeds))
+        keys = {s.key for s in seeds}
+        seeds += [s for s in self.space.seeds if s.key not in keys]
+        rand = sample_random(self.space, rng, self.population - len(seeds), exclude={s.key for s in seeds})
         return seeds + rand, rand
 
     def _children(self, pop: list[Schedule], scores: np.ndarray, rng: random.Random) -> list[Schedule]:
@@ -159,20 +174,25 @@ class EvolutionarySearch:
         t_init = time.perf_counter() - t0
         cands: dict[str, tuple[float, Schedule]] = {}
         t_score = 0.0
-        for g in range(self.generations + 1):
+        gens = self.generations if _informative(self.model) else 0
+        for g in range(gens + 1):
             t1 = time.perf_counter()
             sc = score(self.space, self.model, pop, self.cache)
             t_score += time.perf_counter() - t1
             for s, v in zip(pop, sc):
                 if s.key not in measured and np.isfinite(v):
                     cands[s.key] = (float(v), s)
-            if g == self.generations or not pop:
+            if g == gens or not pop:
                 break
             pop = self._children(pop, sc, rng)
-        n_rand = min(n, int(round(self.eps_greedy * n)))
-        top = heapq.nsmallest(n - n_rand, cands.items(), key=lambda kv: (-kv[1][0], kv[0]))
-        out = [s for _, (_, s) in top]
+        # the default-like seeds are measured first (once): mutation of measured schedules starts from them
+        out = [s for s in self.space.seeds if s.key not in measured][:n]
         picked = {s.key for s in out}
+        n_rand = min(n - len(out), int(round(self.eps_greedy * n)))
+        top = heapq.nsmallest(n - n_rand - len(out), [kv for kv in cands.items() if kv[0] not in picked],
+                              key=lambda kv: (-kv[1][0], kv[0]))
+        out += [s for _, (_, s) in top]
+        picked |= {s.key for _, (_, s) in top}
         pool = [s for s in rand if s.key not in measured and s.key not in picked]
         for s in rng.sample(pool, min(len(pool), n - len(out))):
             out.append(s)

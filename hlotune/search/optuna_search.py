@@ -8,12 +8,12 @@ Map:
 The space is define-by-run: a trial first suggests a sketch (categorical), then for each tile hole of that
 sketch one number in [0, 1) per level that picks a divisor of what is left of the extent (the innermost at
 most the hole's cap), then, as the annotator replays the schedule, one number in [0, 1) per decision (compute
-location, parallel fuse count, vector lanes, unroll pragma) that picks one of the options that are legal at
-that point.  Parameter names carry the sketch id, the hole / site index and the level, so each name always has
-the same distribution.  Trials whose schedule was measured already are told its cost at once (Optuna learns
-from them; nothing is measured twice); trials that do not replay are told FAIL.  Measured costs are told as
-log(seconds); failed measurements as FAIL.  The study is seeded (TPESampler(seed)); it is not warm-started
-from the database on resume.
+location, parallel fuse count, vector lanes, unroll pragma, packing of a tiled stage's B operand) that picks
+one of the options that are legal at that point. Parameter names carry the sketch id, the hole / site index
+and the level, so each name always has the same distribution. Trials whose schedule was measured already are
+told its cost at once (Optuna learns from them; nothing is measured twice); trials that do not replay are told
+FAIL. Measured costs are told as log(seconds); failed measurements as FAIL. The study is seeded
+(TPESampler(seed)); it is not warm-started from the database on resume.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import math
 import random
 
 from ..errors import InputError, ScheduleError
-from ..schedule_space.annotate import _annotate, _Chooser, _fill, check_state, divisors
+from ..schedule_space.annotate import _annotate, _Chooser, _fill, _packed, check_state, divisors
 from ..schedule_space.state import replay
 from ..schedule_space.steps import Schedule
 from .space import TaskSpace
@@ -73,7 +73,8 @@ def build_schedule(space: TaskSpace, trial) -> Schedule:
             rem //= f
         tiles.append(tuple(fs))
     state = replay(sk.compute, _fill(sk, tiles))
-    state = _annotate(sk, state, _TrialChooser(trial, sk.id), None)
+    ch = _TrialChooser(trial, sk.id)
+    state = _annotate(sk, _packed(sk, state, ch, None, tiles), ch, None)
     check_state(state)
     return Schedule(space.task.key, state.steps, sk.id)
 

@@ -2,9 +2,12 @@
 
 Map:
   TaskSpace(task)            sketches (the default one included), sketch by id, the default schedule (trial 0),
+                             default-like seeds of the sketches with holes (where the evolutionary search starts),
                              a tag for "similar subgraphs" (the task scheduler groups tasks by it)
   sample_random(space, rng, n, exclude)   up to n distinct random schedules spread evenly over the sketches
   SearchPolicy               what the tuner asks of a policy: propose(n, measured, rng), observe(schedules, costs)
+  SKETCH_RULES               target kind -> sketch generation (CPU sketches, GPU sketches)
+  sample_sketch / mutate / crossover   per sketch kind (a GPU sketch samples and mutates its own knobs)
   derive_rng(seed, *parts)   a random.Random seeded from the run seed and where the run is (reproducible rounds)
   DEFAULT_SKETCH             the id of the default schedule's sketch
 
@@ -21,12 +24,35 @@ from typing import Protocol
 
 import numpy as np
 
-from ..schedule_space.annotate import sample_schedules
+from ..schedule_space.annotate import default_like, sample_schedules
+from ..schedule_space.mutate import crossover as _crossover_cpu
+from ..schedule_space.mutate import mutate as _mutate_cpu
 from ..schedule_space.sketch import Sketch, _sketch_id, generate_sketches
+from ..schedule_space.sketch_gpu import GpuSketch, generate_gpu_sketches
 from ..schedule_space.steps import Schedule
 from ..schedule_space.task import Task
 
 DEFAULT_SKETCH = _sketch_id(("default",))
+
+#: target kind -> sketch generation (task, target) -> list[Sketch]
+SKETCH_RULES = {"cpu": generate_sketches, "cuda": generate_gpu_sketches}
+
+
+def sample_sketch(sk: Sketch, task, rng, n: int) -> list[Schedule]:
+    """Up to n random schedules of one sketch (a GPU sketch samples its own knobs)."""
+    if isinstance(sk, GpuSketch):
+        return sk.sample(task, rng, n)
+    return sample_schedules(sk, task, rng, n)
+
+
+def mutate(sk: Sketch, schedule: Schedule, rng=None) -> Schedule | None:
+    """One mutation of `schedule` (`schedule_space.mutate.mutate`, or the GPU sketch's own)."""
+    return sk.mutate(schedule, rng) if isinstance(sk, GpuSketch) else _mutate_cpu(sk, schedule, rng)
+
+
+def crossover(sk: Sketch, a: Schedule, b: Schedule, rng=None) -> Schedule | None:
+    """A child of two schedules of `sk` (`schedule_space.mutate.crossover`, or the GPU sketch's own)."""
+    return sk.crossover(a, b, rng) if isinstance(sk, GpuSketch) else _crossover_cpu(sk, a, b, rng)
 
 
 def derive_rng(seed: int, *parts: int | str) -> random.Random:
@@ -45,7 +71,7 @@ class TaskSpace:
 
     def __init__(self, task: Task):
         self.task = task
-        self.sketches: list[Sketch] = generate_sketches(task, task.target)
+        self.sketches: list[Sketch] = SKETCH_RULES[task.target.kind](task, task.target)
         self.by_id: dict[str, Sketch] = {s.id: s for s in self.sketches}
         self.holed: list[Sketch] = [s for s in self.sketches if s.has_holes]
 
@@ -57,6 +83,18 @@ class TaskSpace:
             return None
         got = sample_schedules(sk, self.task, 0, 1)
         return got[0] if got else None
+
+    @cached_property
+    def seeds(self) -> list[Schedule]:
+        """Schedules of the sketches with holes that match the default's GEMM blocking (`annotate.default_like`):
+        the evolutionary search keeps them in its population and measures them early, so mutation starts from
+        the default's quality (tile sizes, k-blocking and packing are holes there, fixed in the default)."""
+        out = []
+        for sk in self.holed:
+            s = sk.default_like() if isinstance(sk, GpuSketch) else default_like(sk)
+            if s is not None:
+                out.append(Schedule(self.task.key, s.steps, s.sketch))
+        return out
 
     @cached_property
     def tag(self) -> str:
@@ -87,7 +125,7 @@ def sample_random(space: TaskSpace, rng: random.Random, n: int, exclude: set[str
         per = -(-need // len(sketches))
         got: list[Schedule] = []
         for sk in sketches:
-            got += sample_schedules(sk, space.task, rng, per)
+            got += sample_sketch(sk, space.task, rng, per)
         rng.shuffle(got)
         for s in got:
             if s.key not in seen:
@@ -110,4 +148,5 @@ class SearchPolicy(Protocol):
         """Measured results (seconds; +inf for a failed candidate)."""
 
 
-__all__ = ["TaskSpace", "sample_random", "SearchPolicy", "derive_rng", "DEFAULT_SKETCH"]
+__all__ = ["TaskSpace", "sample_random", "SearchPolicy", "derive_rng", "DEFAULT_SKETCH", "SKETCH_RULES",
+           "sample_sketch", "mutate", "crossover"]

@@ -337,8 +337,8 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
         for rec in db.records(r.task.key, target=fp):
             r.add(rec.schedule_key, rec.median if rec.valid else math.inf, rec.error_kind)
             history.append((i, rec))
-    elapsed0 = log.elapsed_before()
     total0 = sum(r.trials for r in runs)
+    elapsed0 = log.elapsed_before() if total0 else 0.0   # a state file of a database since deleted counts nothing
     if not write_log and history:   # no state file: estimate the earlier time from the records
         elapsed0 = sum(rec.build_s + rec.run_s for _, rec in history)
     sched = TaskScheduler([t.weight for t in tasks], [t.flops for t in tasks], [r.space.tag for r in runs],
@@ -366,7 +366,7 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
     def measure(i_of: list[int], scheds: list[Schedule]) -> list[float]:
         nonlocal done, cmodel, measurer
         if measurer is None:
-            measurer = _default_measurer(workers, timing, seed)
+            measurer = _default_measurer(workers, timing, seed, target)
         t0 = time.perf_counter()
         _limit_run_time(measurer, [runs[i] for i in set(i_of)])
         inputs = [MeasureInput(runs[i].task, s) for i, s in zip(i_of, scheds)]
@@ -522,12 +522,15 @@ def _limit_run_time(measurer, runs: list[_TaskRun]) -> None:
     runner.timeout = min(base, max(MIN_RUN_TIMEOUT, 1.0 + RUN_CALLS * SLOWDOWN * max(ref)))
 
 
-def _default_measurer(workers: int | None, timing, seed: int):
+def _default_measurer(workers: int | None, timing, seed: int, target: Target | None = None):
+    """A builder pool (its compiler chosen by target kind: `builder.COMPILERS`) and the runner of the target's
+    kind (`measurer.make_runner`: a LocalRunner on the CPU, a GpuRunner for cuda)."""
     from ..measure.builder import LocalBuilder
-    from ..measure.measurer import ProgramMeasurer
+    from ..measure.measurer import ProgramMeasurer, make_runner
     from ..measure.runner import LocalRunner
 
-    return ProgramMeasurer(LocalBuilder(n_workers=workers), LocalRunner(timing), seed=seed)
+    runner = make_runner(target, timing) if target is not None else LocalRunner(timing)
+    return ProgramMeasurer(LocalBuilder(n_workers=workers), runner, seed=seed)
 
 
 __all__ = ["tune_model", "TuneReport", "SubgraphReport", "parse_duration", "make_cost_model", "POLICIES",
