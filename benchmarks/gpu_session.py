@@ -4,6 +4,7 @@ subgraphs vs the device-to-device copy, schedule variants), whole fixture models
 torch.compile where the model is easy to write in torch; writes gpu_session.json / .md / .log to --out.
 
     XLA_PYTHON_CLIENT_PREALLOCATE=false python3 benchmarks/gpu_session.py --out $OUT [--skip-tests]
+    python3 benchmarks/gpu_session.py --out $OUT --tune dense_bias_relu [--tune-trials 40]   (tune + compile check)
 
 Model timing: inputs in device memory; `exe.call_device(*inputs)` called 20 times back to back between two
 CUDA events, median of 5 rounds (launch and Python glue included, as JAX's figures include dispatch);
@@ -335,6 +336,68 @@ def models(torch, log, deadline: float, with_torch: bool) -> list[dict]:
     return out
 
 
+def tune_check(name: str, trials: int, out: Path, log, timeout: float, population: int = 256) -> dict:
+    """`hlotune tune MODEL --target cuda` (bench size, `trials` trials, a subprocess with a time cap) into
+    out/gpu_tune.db, then `hlotune.compile(model, tuning_log=db, target="cuda")`: which subgraphs use tuned
+    schedules, outputs against the default-schedule executable on the same inputs, device-resident times."""
+    import torch
+
+    import hlotune
+    from hlotune.database import open_database
+    from tests.conftest import model_path
+
+    db = out / "gpu_tune.db"
+    res: dict = {"model": name, "trials": trials, "population": population}
+    cmd = [sys.executable, "-c", "import sys; from hlotune.cli import main; sys.exit(main(sys.argv[1:]))", "tune",
+           str(model_path(name, "bench.hlo")), "--target", "cuda", "--tuning-log", str(db), "--trials", str(trials),
+           "--population", str(population), "--seed", "0", "--json", "-q", "--log-dir", "/tmp/hlotune_logs"]
+    t0 = time.time()
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        (out / "gpu_tune.log").write_text(" ".join(cmd) + "\n" + r.stdout + "\n" + r.stderr)
+        res["returncode"] = r.returncode
+        if r.returncode == 0:
+            res["report"] = json.loads(r.stdout)
+    except subprocess.TimeoutExpired as e:
+        (out / "gpu_tune.log").write_text(str(e.stdout or "") + "\n" + str(e.stderr or ""))
+        res["returncode"] = -1
+        res["error"] = f"tune timed out after {timeout:.0f} s (the database keeps what was measured)"
+    res["tune_s"] = round(time.time() - t0, 1)
+    log(f"tune {name}: rc {res['returncode']} in {res['tune_s']} s")
+    try:
+        d = open_database(str(db))
+        recs = list(d.records())
+        res["records"] = len(recs)
+        res["valid_records"] = sum(rec.valid for rec in recs)
+        res["errors"] = sorted({rec.error_kind for rec in recs if not rec.valid})
+        d.close()
+    except Exception as e:
+        res["records_error"] = f"{type(e).__name__}: {e}"[:300]
+    try:
+        m = hlotune.load_model(str(model_path(name, "bench.hlo")))
+        rng = np.random.default_rng(0)
+        args = [(rng.standard_normal(p.array_shape.dims) * 0.5).astype(p.array_shape.dtype.np)
+                for p in m.module.entry_computation.parameters]
+        exe_t = hlotune.compile(m, tuning_log=str(db), target="cuda")
+        exe_d = hlotune.compile(m, target="cuda")
+        res["sources"] = exe_t.sources()
+        got, want = exe_t(*args), exe_d(*args)
+        res["max_rel_err_vs_default"] = max(
+            float(np.linalg.norm(np.asarray(g, np.float64) - np.asarray(w, np.float64))
+                  / max(np.linalg.norm(np.asarray(w, np.float64)), 1e-30)) for g, w in zip(got, want))
+        d_args = [torch.from_numpy(a).cuda() for a in args]
+        res["tuned_s"] = _events_round_time(lambda e=exe_t, a=d_args: e.call_device(*a), torch)
+        res["default_s"] = _events_round_time(lambda e=exe_d, a=d_args: e.call_device(*a), torch)
+        log(f"tune {name}: compile with the log: {res['sources']}; tuned {res['tuned_s'] * 1e6:.1f} us, default "
+            f"{res['default_s'] * 1e6:.1f} us, rel err vs default {res['max_rel_err_vs_default']:.1e}")
+    except Exception as e:
+        res["compile_error"] = f"{type(e).__name__}: {e}"[:800]
+        log(f"tune {name}: ERROR {res['compile_error'][:300]}")
+        traceback.print_exc()
+    (out / "gpu_tune.json").write_text(json.dumps(res, indent=1, default=str))
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
@@ -344,6 +407,10 @@ def main() -> int:
     ap.add_argument("--no-variants", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-memory-bound", action="store_true")
+    ap.add_argument("--tune", default=None, metavar="MODEL",
+                    help="only tune MODEL (bench size) for cuda and compile it with the log (gpu_tune.json)")
+    ap.add_argument("--tune-trials", type=int, default=40)
+    ap.add_argument("--tune-timeout", type=float, default=150.0)
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -353,6 +420,9 @@ def main() -> int:
         print(msg, flush=True)
         lines.append(msg)
 
+    if args.tune:
+        tune_check(args.tune, args.tune_trials, out, log, args.tune_timeout)
+        return 0
     t_start = time.time()
     deadline = t_start + args.budget
     import torch

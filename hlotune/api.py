@@ -265,7 +265,6 @@ def tune(model: Any, tuning_log: Any = None, target: str | Sequence[str] = "cpu"
     when there is more than one target fingerprint."""
     from .database import open_database
     from .search.tuner import parse_duration, tune_model
-    from .target import Target
 
     if ray is not None or not isinstance(target, str):
         return _tune_targets(model, tuning_log, [target] if isinstance(target, str) else list(target), ray,
@@ -273,8 +272,7 @@ def tune(model: Any, tuning_log: Any = None, target: str | Sequence[str] = "cpu"
                              cost_model=cost_model, policy=policy, **options)
     if target not in ("cpu", "cuda"):
         raise UnsupportedError(f"unknown target {target!r} (expected 'cpu' or 'cuda')")
-    if target != "cpu":
-        raise UnsupportedError(f"tuning for target {target!r} is not available in this build (only 'cpu')")
+    tgt = _detect_target(target)
     m = load_model(model)
     log_dir = options.pop("log_dir", None) or str(config.get("log_dir"))
     if tuning_log is None:
@@ -287,12 +285,25 @@ def tune(model: Any, tuning_log: Any = None, target: str | Sequence[str] = "cpu"
     if isinstance(location, str) and "://" not in location and os.path.exists(location):
         location = os.path.abspath(location)
     try:
-        return tune_model(m, db, Target.from_string(target), trials=trials, time_budget=parse_duration(time_budget),
+        return tune_model(m, db, tgt, trials=trials, time_budget=parse_duration(time_budget),
                           seed=seed, workers=workers, cost_model=cost_model, policy=policy, log_dir=log_dir,
                           db_location=location, **options)
     finally:
         if db is not tuning_log:
             db.close()
+
+
+def _detect_target(kind: str):
+    """The Target of `kind` on this machine; for cuda an UnsupportedError "no CUDA device: ..." when there is no
+    usable GPU (no pycuda, no driver, no device)."""
+    from .target import Target
+
+    if kind != "cuda":
+        return Target.from_string(kind)
+    try:
+        return Target.from_string("cuda")
+    except HlotuneError as e:
+        raise UnsupportedError(f"no CUDA device: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
 def _tune_targets(model: Any, tuning_log: Any, targets: list[str], ray: str | None, **kw: Any):

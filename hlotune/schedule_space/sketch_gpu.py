@@ -570,8 +570,11 @@ def _default_point(sketch: GpuSketch, k: Kernel) -> tuple[int, ...] | None:
         sms = sketch.target.cores if sketch.target.kind == "cuda" else SMS
         pick = next((t for t in fits if (I // (t[0] * t[2])) * (J // (t[1] * t[3])) >= 0.9 * sms),
                     fits[-1] if fits else None)
-        if pick is None:
-            return None
+        if pick is None:   # default_gpu's fallback for small outputs
+            big = I * J >= 512 * 512
+            mr, nr = _divisor_at_most(I, 8 if big else 4), _divisor_at_most(J, 8 if big else 4)
+            ti, tj = _divisor_at_most(I // mr, 16), _divisor_at_most(J // nr, 16)
+            pick = (mr, nr, ti, tj)
         d.update(zip(("mr", "nr", "ti", "tj"), pick))
         d["bk"] = _divisor_at_most(K, 16)
         if d["bk"] not in _bk_choices(K):
