@@ -30,17 +30,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
 
 import numpy as np
 
 from ..errors import HlotuneError
 from ..schedule_space.loop_ir import LoopFunc, Seq
 from ..target import Target
-from .records import BuildResult, ErrorKind, MeasureResult
+from .records import BuildResult, ErrorKind
 from .reference import TaskData, compare, poison
-from .runner import START_TIMEOUT, TimingConfig, _inject_run_fault
-from .workers import Worker
+from .runner import LocalRunner, TimingConfig, _inject_run_fault
 
 #: task inputs kept on the device in a runner (least recently used tasks are dropped beyond this)
 DEVICE_TASKS = 8
@@ -188,109 +186,25 @@ def make_handler(target_json: str) -> _GpuRunHandler:
 
 # ----------------------------------------------------------------------------- the parent side
 
-class GpuRunner:
+class GpuRunner(LocalRunner):
     """Runs built CUDA candidates in one process that owns GPU 0 (see the module docstring).
-    `timeout`: seconds per candidate (load + check + timing), the first one also pays the context start."""
+    `timeout`: seconds per candidate (load + check + timing), the first one also pays the context start.
+    The process is not memory-capped (a CUDA context maps far more address space than it uses)."""
+
+    HANDLER = "hlotune.measure.gpu_runner:make_handler"
+    PROCESS_NAME = "hlotune-gpu-runner"
+    WHAT = "the GPU runner process"
 
     def __init__(self, timing: TimingConfig | None = None, timeout: float = 20.0, memory_bytes: int | None = None,
                  target: Target | None = None):
-        self.timing = timing or TimingConfig()
-        self.timeout = float(timeout)
-        self.target = target
-        self._worker: Worker | None = None
-        self._sent: set[str] = set()
-        self.restarts = 0
-        del memory_bytes   # not capped: see the module docstring
+        super().__init__(timing, timeout, target=target)
+        self.memory_bytes = None
+        del memory_bytes
 
     def _target(self) -> Target:
         if self.target is None:
             self.target = Target.from_string("cuda")
         return self.target
-
-    def _ensure(self) -> Worker | None:
-        w = self._worker
-        if w is not None and w.alive and w.ready:
-            return w
-        if w is not None:
-            w.kill()
-            self.restarts += 1
-        self._sent = set()
-        for _ in range(2):
-            w = Worker("hlotune.measure.gpu_runner:make_handler", self._target().to_json(), None,
-                       "hlotune-gpu-runner").start()
-            if w.wait_ready(START_TIMEOUT):
-                self._worker = w
-                return w
-            w.kill()
-        self._worker = None
-        return None
-
-    def start(self) -> None:
-        """Start the runner process now (else it starts with the first candidate)."""
-        self._ensure()
-
-    def run_one(self, data: TaskData, build: BuildResult, fault: str | None = None) -> MeasureResult:
-        """Measure one built candidate of the task whose TaskData is `data`."""
-        if not build.ok:
-            return MeasureResult((), build.error_kind, build.error_msg, build.build_s, 0.0)
-        w = self._ensure()
-        if w is None:
-            return MeasureResult((), ErrorKind.UNKNOWN, "the GPU runner process cannot start", build.build_s, 0.0)
-        t0 = time.monotonic()
-        try:
-            if data.key not in self._sent:
-                w.send(("task", data))
-                self._sent.add(data.key)
-            w.send(("run", data.key, build, self.timing, fault))
-        except Exception as e:
-            self._kill()
-            return MeasureResult((), ErrorKind.UNKNOWN, f"cannot send the candidate to the runner: {e}",
-                                 build.build_s, 0.0)
-        if not w.conn.poll(self.timeout):
-            self._kill()
-            return MeasureResult((), ErrorKind.RUN_TIMEOUT, f"run took longer than {self.timeout:g} s (runner killed)",
-                                 build.build_s, time.monotonic() - t0)
-        try:
-            kind, text, costs, run_s, fatal = w.recv()
-        except (EOFError, OSError):
-            how = w.describe_exit()
-            self._kill()
-            return MeasureResult((), ErrorKind.RUNTIME, f"runner process died ({how})", build.build_s,
-                                 time.monotonic() - t0)
-        if fatal:
-            self._kill()
-        return MeasureResult(tuple(costs), kind, text, build.build_s, run_s)
-
-    def run(self, data: TaskData, builds: Sequence[BuildResult],
-            faults: Sequence[str | None] | None = None) -> list[MeasureResult]:
-        """Measure built candidates of one task, one after the other."""
-        faults = faults or [None] * len(builds)
-        return [self.run_one(data, b, f) for b, f in zip(builds, faults)]
-
-    def _kill(self) -> None:
-        if self._worker is not None:
-            self._worker.kill()
-            self._worker = None
-            self.restarts += 1
-        self._sent = set()
-
-    def close(self) -> None:
-        if self._worker is not None:
-            self._worker.stop()
-            self._worker = None
-        self._sent = set()
-
-    def __enter__(self) -> GpuRunner:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 __all__ = ["GpuRunner", "compile_cuda_object", "measure_gpu_kernel"]

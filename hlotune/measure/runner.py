@@ -221,15 +221,26 @@ class LocalRunner:
     `timeout`: seconds per candidate (load + check + timing); `memory_bytes`: the runner's address
     space beyond its size at start (None: no cap)."""
 
+    #: the runner process: its message handler, process name, and how errors name it
+    HANDLER = "hlotune.measure.runner:make_handler"
+    PROCESS_NAME = "hlotune-runner"
+    WHAT = "the runner process"
+
     def __init__(self, timing: TimingConfig | None = None, timeout: float = 10.0,
                  memory_bytes: int | None = None, target: Target | None = None):
         self.timing = timing or TimingConfig()
         self.timeout = float(timeout)
         self.memory_bytes = memory_bytes if memory_bytes is not None else _default_memory()
-        self.target = target or Target.host_cpu()
+        self.target = target
         self._worker: Worker | None = None
         self._sent: set[str] = set()
         self.restarts = 0
+
+    def _target(self) -> Target:
+        """The target measured (detected on first use when not given)."""
+        if self.target is None:
+            self.target = Target.host_cpu()
+        return self.target
 
     def _ensure(self) -> Worker | None:
         w = self._worker
@@ -240,8 +251,7 @@ class LocalRunner:
             self.restarts += 1
         self._sent = set()
         for _ in range(2):
-            w = Worker("hlotune.measure.runner:make_handler", self.target.to_json(), self.memory_bytes,
-                       "hlotune-runner").start()
+            w = Worker(self.HANDLER, self._target().to_json(), self.memory_bytes, self.PROCESS_NAME).start()
             if w.wait_ready(START_TIMEOUT):
                 self._worker = w
                 return w
@@ -259,7 +269,7 @@ class LocalRunner:
             return MeasureResult((), build.error_kind, build.error_msg, build.build_s, 0.0)
         w = self._ensure()
         if w is None:
-            return MeasureResult((), ErrorKind.UNKNOWN, "the runner process cannot start", build.build_s, 0.0)
+            return MeasureResult((), ErrorKind.UNKNOWN, f"{self.WHAT} cannot start", build.build_s, 0.0)
         t0 = time.monotonic()
         try:
             if data.key not in self._sent:
@@ -275,12 +285,14 @@ class LocalRunner:
             return MeasureResult((), ErrorKind.RUN_TIMEOUT, f"run took longer than {self.timeout:g} s (runner killed)",
                                  build.build_s, time.monotonic() - t0)
         try:
-            kind, text, costs, run_s = w.recv()
+            kind, text, costs, run_s, *fatal = w.recv()
         except (EOFError, OSError):
             how = w.describe_exit()
             self._kill()
             return MeasureResult((), ErrorKind.RUNTIME, f"runner process died ({how})", build.build_s,
                                  time.monotonic() - t0)
+        if fatal and fatal[0]:  # the runner says its state is broken (e.g. a CUDA context error)
+            self._kill()
         return MeasureResult(tuple(costs), kind, text, build.build_s, run_s)
 
     def run(self, data: TaskData, builds: Sequence[BuildResult],
