@@ -114,11 +114,13 @@ def _kernel_name(name: str) -> str:
     return "k_" + "".join(c if c.isalnum() else "_" for c in name)
 
 
-class CompiledSubgraph:
-    """One fused subgraph compiled for the target, with its preallocated outputs."""
+class _Subgraph:
+    """One fused subgraph compiled for a target: constants placed once, outputs preallocated.
+    Subclasses say where buffers live (`_place`, `_alloc`, `_ptr`) and how `run` passes arguments."""
+
+    KIND = "cpu"
 
     def __init__(self, sg, choice: Choice, target: Target):
-        from .codegen.llvm_cpu import build_cpu
         from .ir.compute import constant_values
         from .schedule_space.lower import lower
 
@@ -129,16 +131,41 @@ class CompiledSubgraph:
         self.n_params = len(sg.computation.parameters)
         t0 = time.perf_counter()
         self.func = lower(cd, choice.steps, name=_kernel_name(sg.name))
-        self.kernel = build_cpu(self.func, target)
+        self.kernel = backend(self.KIND)[0](self.func, target)
         self.compile_s = time.perf_counter() - t0
         consts = constant_values(cd)
-        self.consts = [np.ascontiguousarray(consts[b.name]) for b in cd.inputs[self.n_params:]]
-        self.outputs = [np.empty(b.shape, dtype=b.dtype.np) for b in self.func.outputs]
+        self.consts = [self._place(np.ascontiguousarray(consts[b.name], dtype=b.dtype.np))
+                       for b in cd.inputs[self.n_params:]]
+        self.outputs = [self._alloc(tuple(b.shape), b.dtype.np) for b in self.func.outputs]
         self.is_tuple = sg.computation.root_instruction.shape.is_tuple()
-        self.in_specs = [(b.dtype.np, b.shape) for b in self.func.inputs[: self.n_params]]
+        self.in_specs = [(b.dtype.np, tuple(b.shape)) for b in self.func.inputs[: self.n_params]]
         # fast path: pointers of the buffers that never change (constants, preallocated outputs)
-        self._const_ptrs = [c.ctypes.data for c in self.consts]
-        self._out_ptrs = [o.ctypes.data for o in self.outputs]
+        self._const_ptrs = [self._ptr(c) for c in self.consts]
+        self._out_ptrs = [self._ptr(o) for o in self.outputs]
+
+    def _outputs(self, fresh: frozenset[int]) -> tuple[list, list[int]]:
+        """The output buffers of one call: new ones for the outputs numbered in `fresh` (they leave
+        the executable), the preallocated ones for the rest; and their pointers."""
+        if not fresh:
+            return self.outputs, self._out_ptrs
+        outs = [self._alloc(o.shape, o.dtype) if k in fresh else o for k, o in enumerate(self.outputs)]
+        return outs, [self._ptr(o) for o in outs]
+
+
+class CompiledSubgraph(_Subgraph):
+    """A subgraph compiled for the CPU: numpy buffers."""
+
+    @staticmethod
+    def _place(a: np.ndarray) -> np.ndarray:
+        return a
+
+    @staticmethod
+    def _alloc(shape, dtype) -> np.ndarray:
+        return np.empty(shape, dtype=dtype)
+
+    @staticmethod
+    def _ptr(a: np.ndarray) -> int:
+        return a.ctypes.data
 
     def run(self, args: Sequence[np.ndarray], fresh: frozenset[int] = frozenset()):
         """Run on `args`; outputs numbered in `fresh` go to new arrays (they leave the executable),
@@ -147,11 +174,7 @@ class CompiledSubgraph:
         kernel runs without its per-call argument checks."""
         ins = [a if a.dtype == dt and a.shape == shape and a.flags.c_contiguous
                else np.ascontiguousarray(a, dtype=dt).reshape(shape) for a, (dt, shape) in zip(args, self.in_specs)]
-        if fresh:
-            outs = [np.empty_like(o) if k in fresh else o for k, o in enumerate(self.outputs)]
-            out_ptrs = [o.ctypes.data for o in outs]
-        else:
-            outs, out_ptrs = self.outputs, self._out_ptrs
+        outs, out_ptrs = self._outputs(fresh)
         self.kernel.call_unchecked([a.ctypes.data for a in ins] + self._const_ptrs + out_ptrs)
         return tuple(outs) if self.is_tuple else outs[0]
 
@@ -306,49 +329,37 @@ def _flatten(v: Any) -> list[np.ndarray]:
 
 # ----------------------------------------------------------------------------- the cuda target
 
-class GpuSubgraph:
-    """One fused subgraph compiled for a GPU: constants uploaded once, outputs preallocated on the device."""
+class GpuSubgraph(_Subgraph):
+    """A subgraph compiled for a GPU: constants uploaded once, outputs preallocated on the device."""
 
-    def __init__(self, sg, choice: Choice, target: Target):
-        from .codegen.cuda_runtime import empty_device, to_device
-        from .ir.compute import constant_values
-        from .schedule_space.lower import lower
+    KIND = "cuda"
 
-        build = backend("cuda")[0]
-        cd = sg.workload.compute
-        self.name = sg.name
-        self.key = sg.workload.key
-        self.choice = choice
-        self.n_params = len(sg.computation.parameters)
-        t0 = time.perf_counter()
-        self.func = lower(cd, choice.steps, name=_kernel_name(sg.name))
-        self.kernel = build(self.func, target)
-        self.compile_s = time.perf_counter() - t0
-        consts = constant_values(cd)
-        self.consts = [to_device(np.ascontiguousarray(consts[b.name], dtype=b.dtype.np))
-                       for b in cd.inputs[self.n_params:]]
-        self.outputs = [empty_device(b.shape, b.dtype.np) for b in self.func.outputs]
-        self.is_tuple = sg.computation.root_instruction.shape.is_tuple()
-        self.in_specs = [(b.dtype.np, tuple(b.shape)) for b in self.func.inputs[: self.n_params]]
-        self._const_ptrs = [c.ptr for c in self.consts]
-        self._out_ptrs = [o.ptr for o in self.outputs]
+    @staticmethod
+    def _place(a: np.ndarray):
+        from .codegen.cuda_runtime import to_device
+
+        return to_device(a)
+
+    @staticmethod
+    def _alloc(shape, dtype):
+        from .codegen.cuda_runtime import empty_device
+
+        return empty_device(shape, dtype)
+
+    @staticmethod
+    def _ptr(a) -> int:
+        return a.ptr
 
     def run(self, args, fresh: frozenset[int] = frozenset()):
         """Run on DeviceArrays; outputs numbered in `fresh` go to new device arrays (they leave the
         executable), the others to the buffers allocated once."""
-        from .codegen.cuda_runtime import empty_device
-
         ptrs = []
         for a, (dt, shape) in zip(args, self.in_specs):
             if a.dtype != dt or int(np.prod(a.shape, dtype=np.int64)) != int(np.prod(shape, dtype=np.int64)):
                 raise InputError(f"subgraph {self.name}: device operand {a.dtype}{list(a.shape)}, expected "
                                  f"{np.dtype(dt)}{list(shape)}")
             ptrs.append(a.ptr)
-        if fresh:
-            outs = [empty_device(o.shape, o.dtype) if k in fresh else o for k, o in enumerate(self.outputs)]
-            out_ptrs = [o.ptr for o in outs]
-        else:
-            outs, out_ptrs = self.outputs, self._out_ptrs
+        outs, out_ptrs = self._outputs(fresh)
         self.kernel.call_unchecked(ptrs + self._const_ptrs + out_ptrs)
         return tuple(outs) if self.is_tuple else outs[0]
 
