@@ -9,7 +9,9 @@ Schedules: random draws spread evenly over ALL sketches of each task (`search.sp
 default schedule included), seeded by (--seed, workload key, round), so a run is reproducible up to timing.
 Measurement: the measurement pipeline (`measure.ProgramMeasurer`: a pool of builder processes, one isolated
 runner process; LLVM memory never piles up here), short timing (3 repeats of at least 5 ms: enough to rank),
-each candidate's output checked against the reference.  Records go to a tuning database (SQLite by default)
+each candidate's output checked against the reference (--repeats / --min-repeat-ms change the timing;
+on a loaded machine more, shorter repeats give a steadier fastest repeat, which the cost model learns from).
+Records go to a tuning database (SQLite by default)
 through `search.records.to_record`, one transaction per batch.
 
 Rounds: each round visits the tasks in order and measures a batch of `--batch` new schedules of each task
@@ -84,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="builder processes")
     ap.add_argument("--models", nargs="*", default=None, help="only these fixture models")
     ap.add_argument("--max-tasks", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=TIMING.repeats)
+    ap.add_argument("--min-repeat-ms", type=float, default=TIMING.min_repeat_ms)
     ap.add_argument("--list", action="store_true", help="list the tasks and exit")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
@@ -104,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             for t in tasks}
     print(f"{len(tasks)} tasks, up to {a.per_task} schedules each, {sum(map(len, have.values()))} records already "
           f"-> {a.out} ({a.minutes:g} min)", flush=True)
-    runner = LocalRunner(TIMING, timeout=10.0)
+    timing = TimingConfig(warmup_ms=TIMING.warmup_ms, repeats=a.repeats, min_repeat_ms=a.min_repeat_ms)
+    runner = LocalRunner(timing, timeout=10.0)
     base_timeout = runner.timeout
     measurer = ProgramMeasurer(LocalBuilder(n_workers=a.workers), runner, seed=0)
     rnd, n_new, exhausted = 0, 0, set()

@@ -36,7 +36,9 @@ from .features import (
     _nbytes,
     features_of_func,
     log_scale,
+    nest_signature,
     nests_of_func,
+    stack_nests,
     store_features,
 )
 
@@ -128,6 +130,8 @@ class Template:
         self.cd, self.state, self.refs, self.rep = cd, state, refs, rep_nests
         self.ref_col = {r: k for k, r in enumerate(refs)}
         self.order, self.bodies = inlined_bodies(state)
+        self._load_cache: dict[str, list[Load]] = {}
+        self._affine_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self.stages = {n: state.stage(n) for n in self.order}
         self.inputs = {b.name: b for b in cd.inputs}
         self.stores = self._store_list()
@@ -263,8 +267,10 @@ class Template:
                     frac = {k: np.mod(v, stride) != 0 for k, v in src.items()}
                     reach = sum((np.where(frac[k], np.abs(v) * (e[k] - 1.0), 0.0) for k, v in src.items()),
                                 np.zeros(n))
-                    for k in src:
+                    for k, v in src.items():
                         val[q][k] = np.where(frac[k] & (reach < stride), 0.0, val[q][k])
+                        if q != r.parents[0]:   # q = (f // stride) % e[q]: steps of whole periods leave q alone
+                            val[q][k] = np.where(np.mod(v, stride * e[q]) == 0, 0.0, val[q][k])
                     fus[q] = fus.get(r.fused, set()) | set(val.get(r.fused, {}))
                     stride = stride * e[q]
         R = len(axes)
@@ -309,8 +315,22 @@ class Template:
                 inner |= {(n, i.name) for i in self.stages[n].iters}
         return inner
 
+    def _loads(self, stage: str) -> list[Load]:
+        got = self._load_cache.get(stage)
+        if got is None:
+            got = self._load_cache[stage] = [x for x in walk(self.bodies[stage]) if isinstance(x, Load)]
+        return got
+
     def _access_coefs(self, stage: str, idx: tuple[Expr, ...], rc, n) -> tuple[dict, np.ndarray]:
         """Per loop ref: (N, D) coefficient of each index dimension; and the (D,) constants."""
+        key = (stage, idx)
+        got = self._affine_cache.get(key)
+        if got is None:
+            got = self._affine_cache[key] = self._affine_of(stage, idx)
+        const, A = got
+        return {u: m @ A.T for u, m in rc[stage].items()}, const, A
+
+    def _affine_of(self, stage: str, idx: tuple[Expr, ...]) -> tuple[np.ndarray, np.ndarray]:
         op = self.stages[stage].op
         axes = [a.name for a in op.axes] + [a.name for a in op.reduce_axes]
         pos = {a: j for j, a in enumerate(axes)}
@@ -323,7 +343,7 @@ class Template:
             for a, v in r[0].items():
                 A[d, pos[a]] = v
             const[d] = r[1]
-        return {u: m @ A.T for u, m in rc[stage].items()}, const, A
+        return const, A
 
     def _region(self, name: str, n: int, ext, rc, fz):
         st = self.stages[name]
@@ -337,8 +357,8 @@ class Template:
         first_outer: dict | None = None
         first_A = None
         for c in consumers(self.state, name):
-            for ld in walk(self.bodies[c]):
-                if not (isinstance(ld, Load) and ld.buffer == name):
+            for ld in self._loads(c):
+                if ld.buffer != name:
                     continue
                 coefs, const, A = self._access_coefs(c, ld.indices, rc, n)
                 a = np.tile(const, (n, 1))
@@ -385,11 +405,10 @@ class Template:
         if kind != "init":
             if kind == "update":
                 accs.append((stage, 0, accs[0][2], _nbytes(op.dtype)))
-            for ld in walk(self.bodies[stage]):
-                if isinstance(ld, Load):
-                    coefs, _c, _A = self._access_coefs(stage, ld.indices, rc, n)
-                    accs.append((ld.buffer, 0, self._stack(coefs, refs, n, len(ld.indices), mnc.get(ld.buffer, {})),
-                                 _nbytes(ld.dtype)))
+            for ld in self._loads(stage):
+                coefs, _c, _A = self._access_coefs(stage, ld.indices, rc, n)
+                accs.append((ld.buffer, 0, self._stack(coefs, refs, n, len(ld.indices), mnc.get(ld.buffer, {})),
+                             _nbytes(ld.dtype)))
         accesses = self._merge(accs, shapes)
         step = np.zeros(n)
         for li, (s, it, _init) in enumerate(loops):
@@ -458,27 +477,43 @@ def _template(cd: ComputeDef, key_cd: str, sched) -> Template | None:
 
 def batch_features(cd: ComputeDef, schedules, workload_key: str | None = None) -> list[np.ndarray | None]:
     """Log-scaled features (S_i, NUM_FEATURES) of each schedule (None for a schedule that does not lower).
-    Schedules sharing a structure are computed together with numpy from one template."""
+    Schedules sharing a structure are instantiated together from one template; then statements of equal
+    shape (`nest_signature`) across all structures are featurized in one numpy call."""
     key_cd = workload_key or cd.name + str(id(cd))
     groups: dict[tuple, list[int]] = {}
     for i, s in enumerate(schedules):
         groups.setdefault(structure_key(s), []).append(i)
     out: list[np.ndarray | None] = [None] * len(schedules)
+    done: list[tuple[list[int], list[StoreNest]]] = []
     for _k, idx in groups.items():
         scheds = [schedules[i] for i in idx]
         tpl = _template(cd, key_cd, scheds[0])
         if tpl is not None:
             try:
-                F = factor_matrix(scheds, tpl.refs)
-                rows = [store_features(nst) for nst in tpl.nests(F)]
-                X = log_scale(np.stack(rows, axis=1)) if rows else np.zeros((len(idx), 0, NUM_FEATURES))
-                for j, i in enumerate(idx):
-                    out[i] = X[j]
+                done.append((idx, tpl.nests(factor_matrix(scheds, tpl.refs))))
                 continue
             except Unsupported:
                 pass
         for i in idx:
             out[i] = exact_features(cd, schedules[i])
+    buckets: dict[tuple, list[tuple[int, int]]] = {}
+    for g, (_idx, nests) in enumerate(done):
+        for j, nst in enumerate(nests):
+            buckets.setdefault(nest_signature(nst), []).append((g, j))
+    rows: dict[tuple[int, int], np.ndarray] = {}
+    for members in buckets.values():
+        nests = [done[g][1][j] for g, j in members]
+        X = log_scale(store_features(stack_nests(nests)))
+        at = 0
+        for (g, j), nst in zip(members, nests):
+            k = nst.ext.shape[0]
+            rows[(g, j)] = X[at:at + k]
+            at += k
+    for g, (idx, nests) in enumerate(done):
+        X = np.stack([rows[(g, j)] for j in range(len(nests))], axis=1) if nests else \
+            np.zeros((len(idx), 0, NUM_FEATURES))
+        for j, i in enumerate(idx):
+            out[i] = X[j]
     return out
 
 

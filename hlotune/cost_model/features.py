@@ -364,34 +364,46 @@ def _bin_kind(x: Binary, pre: str) -> str:
     return f"{pre}_other_func"
 
 
-def lin_coefs(e: Expr) -> dict[str, float]:
-    """Coefficients of loop variables in an index expression (x // k -> 1/k; x % k, clamps pass x;
-    anything else non-linear: coefficient 1 for each variable inside)."""
+def lin_coefs(e: Expr, ext: dict[str, float] | None = None) -> dict[str, float]:
+    """Coefficients of loop variables in an index expression: x // k -> x / k, x % k and clamps pass x
+    through, anything else non-linear: coefficient 1 for each variable inside.  With the loop extents
+    `ext`, what the step of a loop really does: in x % k a variable whose coefficient is a multiple of k
+    drops out (it moves x by whole periods); in x // k the variables with coefficients that are not
+    multiples of k drop out when together they move x by less than k (x = a * k + b, 0 <= b < k)."""
     if isinstance(e, Var):
         return {e.name: 1.0}
     if isinstance(e, Const):
         return {}
     if isinstance(e, Binary):
         if e.op in (Op.ADD, Op.SUBTRACT):
-            a, b = lin_coefs(e.a), lin_coefs(e.b)
+            a, b = lin_coefs(e.a, ext), lin_coefs(e.b, ext)
             sg = 1.0 if e.op is Op.ADD else -1.0
             for k, v in b.items():
                 a[k] = a.get(k, 0.0) + sg * v
             return a
         if e.op is Op.MULTIPLY:
             if isinstance(e.b, Const):
-                return {k: v * float(e.b.value) for k, v in lin_coefs(e.a).items()}
+                return {k: v * float(e.b.value) for k, v in lin_coefs(e.a, ext).items()}
             if isinstance(e.a, Const):
-                return {k: v * float(e.a.value) for k, v in lin_coefs(e.b).items()}
+                return {k: v * float(e.a.value) for k, v in lin_coefs(e.b, ext).items()}
         if e.op is Op.DIVIDE and isinstance(e.b, Const) and e.b.value:
-            return {k: v / float(e.b.value) for k, v in lin_coefs(e.a).items()}
+            kk = float(e.b.value)
+            inner = lin_coefs(e.a, ext)
+            if ext is not None:
+                frac = [v for v, c in inner.items() if c % kk]
+                if sum(abs(inner[v]) * (ext.get(v, 1.0) - 1.0) for v in frac) < kk:
+                    inner = {v: c for v, c in inner.items() if v not in frac}
+            return {k: v / kk for k, v in inner.items()}
         if e.op is Op.REMAINDER and isinstance(e.b, Const):
-            return lin_coefs(e.a)
+            inner = lin_coefs(e.a, ext)
+            if ext is not None and e.b.value:
+                inner = {v: c for v, c in inner.items() if c % float(e.b.value)}
+            return inner
         if e.op in (Op.MAXIMUM, Op.MINIMUM):
             if isinstance(e.b, Const):
-                return lin_coefs(e.a)
+                return lin_coefs(e.a, ext)
             if isinstance(e.a, Const):
-                return lin_coefs(e.b)
+                return lin_coefs(e.b, ext)
     from ..ir.expr import walk
     return {x.name: 1.0 for x in walk(e) if isinstance(x, Var)}
 
@@ -455,6 +467,7 @@ def _nest_of_store(st: Store, loops: list[For], shapes: dict, allocs: dict, func
             accs.append((x.buffer, 0, x.indices, x.dtype))
     vars_ = [lp.var.name for lp in loops]
     ext = np.array([[float(lp.const_extent or 1) for lp in loops]])
+    loop_ext = {lp.var.name: float(lp.const_extent or 1) for lp in loops}
     is_update = any(b == st.buffer and m == 0 for b, m, _, _ in accs)
     accesses = []
     for buf, mode, count, idxs, dt in _merge(accs):
@@ -462,7 +475,7 @@ def _nest_of_store(st: Store, loops: list[For], shapes: dict, allocs: dict, func
         coef = np.zeros((1, len(loops), len(shape)))
         for idx in idxs:
             for d, e in enumerate(idx):
-                cs = lin_coefs(e)
+                cs = lin_coefs(e, loop_ext)
                 for li, v in enumerate(vars_):
                     c = cs.get(v, 0.0)
                     if abs(c) > abs(coef[0, li, d]):

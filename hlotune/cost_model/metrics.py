@@ -1,10 +1,11 @@
 """Ranking metrics of a cost model (per task; the search only ever compares candidates of one task).
 
 Map:
-  pairwise_accuracy(costs, scores)    fraction of pairs with different costs that the scores order correctly
-                                      (higher score = faster); ties in score count one half
+  pairwise_accuracy(costs, scores, min_ratio)   fraction of pairs with different costs (at least min_ratio
+                                      apart) that the scores order correctly (higher = faster); score ties: 1/2
+  repeat_agreement(costs_lists)       second-last repeat as the prediction of the last: the noise ceiling
   peak_at_k(costs, scores, k)         best cost / best cost among the k highest scores (1.0 = found the best)
-  task_metrics(costs, scores, ks)     both, as a dict
+  task_metrics(costs, scores, ks)     both, as a dict (plus pairwise accuracy on pairs >= 1.5x apart)
   mean_metrics(per_task)              the unweighted mean over tasks of each metric
 """
 
@@ -13,12 +14,13 @@ from __future__ import annotations
 import numpy as np
 
 
-def pairwise_accuracy(costs, scores) -> float:
-    """Over all pairs (i, j) with costs[i] != costs[j]: 1 when the faster one has the higher score, 1/2 on a
+def pairwise_accuracy(costs, scores, min_ratio: float = 1.0) -> float:
+    """Over all pairs (i, j) with costs[i] != costs[j] (with `min_ratio` > 1: only pairs whose costs differ by
+    at least that factor, i.e. beyond the timing noise): 1 when the faster one has the higher score, 1/2 on a
     score tie.  NaN with fewer than one such pair.  Failed candidates (cost inf) count as slowest."""
     c = np.asarray(costs, dtype=np.float64)
     s = np.asarray(scores, dtype=np.float64)
-    faster = c[:, None] < c[None, :]
+    faster = c[:, None] * min_ratio < c[None, :] if min_ratio > 1.0 else c[:, None] < c[None, :]
     n = faster.sum()
     if n == 0:
         return float("nan")
@@ -38,8 +40,12 @@ def peak_at_k(costs, scores, k: int) -> float:
     return float(c.min() / best_top) if np.isfinite(best_top) else 0.0
 
 
-def task_metrics(costs, scores, ks=(1, 5)) -> dict[str, float]:
+def task_metrics(costs, scores, ks=(1, 5), min_ratio: float = 1.5) -> dict[str, float]:
+    """pairwise_accuracy (all pairs), pairwise_accuracy@{min_ratio}x (pairs at least that far apart) and
+    peak@k for each k."""
     out = {"pairwise_accuracy": pairwise_accuracy(costs, scores)}
+    if min_ratio > 1.0:
+        out[f"pairwise@{min_ratio:g}x"] = pairwise_accuracy(costs, scores, min_ratio)
     for k in ks:
         out[f"peak@{k}"] = peak_at_k(costs, scores, k)
     return out
@@ -49,3 +55,13 @@ def mean_metrics(per_task: dict[str, dict[str, float]]) -> dict[str, float]:
     """Mean over tasks of every metric (NaNs skipped)."""
     keys = sorted({k for m in per_task.values() for k in m})
     return {k: float(np.nanmean([m[k] for m in per_task.values() if k in m])) for k in keys} if per_task else {}
+
+
+def repeat_agreement(costs_lists, min_ratio: float = 1.0) -> float:
+    """`pairwise_accuracy` of the second-last repeat used as a prediction (score = -that repeat) against the last
+    repeat as the truth, over candidates with at least two repeats: how well a perfect model could do when the
+    truth is one noisy measurement (the noise ceiling of the metric).  NaN with too few."""
+    runs = [c for c in costs_lists if len(c) >= 2]
+    if len(runs) < 2:
+        return float("nan")
+    return pairwise_accuracy([c[-1] for c in runs], [-c[-2] for c in runs], min_ratio)

@@ -4,19 +4,28 @@ Map:
   Sample                 one measured schedule: workload key, compute definition, schedule, costs (seconds;
                          empty = failed)
   as_samples(items)      Samples from Samples, (Task, Schedule, costs) tuples or objects with .task/.schedule/.costs
-  labels(samples)        normalized throughput: best median cost of the task / median cost (failed = 0)
+  features_of_samples    features of each sample (fast path, batched per workload)
+  labels(samples)        normalized throughput: best cost of the task / cost (cost = fastest repeat; failed = 0)
   RandomModel            seeded random scores; fit/update/save are no-ops
   CostModel              XGBoost; `mode` "packsum" (Ansor: a program's score is the sum of its statements'
-                         predictions, trained with a custom weighted squared loss on that sum) or "rank"
-                         (one row per program: sum and max of its statement features, rank:pairwise per task)
-    .fit(samples) .update(samples) .predict(task, schedules) .save(path) CostModel.load(path)
+                         predictions, trained with a custom weighted squared loss on that sum; the default),
+                         "reg" (one row per program: sum and max of its statement features, weighted squared
+                         loss) or "rank" (the same rows, rank:pairwise per task; slow)
+    .fit(samples, feats=None) .update(samples) .predict(task, schedules) .predict_features(feats)
+    .save(path) CostModel.load(path)
   load_model_file(path)  CostModel.load with the checks (corrupt / other format / version -> InputError)
 
 Training rules: until MIN_SAMPLES valid samples of at least 2 distinct costs exist the model stays random
-(a warning says so); `update` keeps every sample and retrains when the data grew by RETRAIN_GROWTH since the
-last training (else it only stores them); a model loaded from a file (pretrained) is warm-started: new
-data continues boosting from the loaded trees (WARM_ROUNDS rounds) instead of starting over.
-Weights: max(label, MIN_WEIGHT), so fast programs count more.  Everything is seeded.
+(a warning says so).  `update` keeps every sample and trains when the data grew by RETRAIN_GROWTH (and by at
+least RETRAIN_MIN_NEW samples) since the last training: a warm start (WARM_ROUNDS more trees fitted on all
+the data, continuing from the current ones) while the data is less than twice what the last full training
+saw, else a full retrain (`rounds` trees from scratch).  A model loaded from a file (pretrained) is always
+warm-started, so its trees keep what they learned on other workloads, until MAX_WARM_TREES trees were added;
+then it is retrained from scratch on the local data.  Labels: per task, best cost / cost (the cost of a sample
+is its fastest repeat: on a shared machine other jobs only slow repeats down); failed candidates get 0.
+Weights: max(label, MIN_WEIGHT), so fast programs count more.  XGBoost runs with one thread (`nthread` 1):
+training happens between measurements and other jobs share the cores; with two threads on this 2-core
+machine under load it was several times slower.  Everything is seeded.
 """
 
 from __future__ import annotations
@@ -33,15 +42,18 @@ from ..errors import InputError
 from .fast_features import batch_features
 from .features import FEATURE_VERSION, NUM_FEATURES
 
+MODES = ("packsum", "rank", "reg")
 MODEL_FORMAT = "hlotune-cost-model"
 MODEL_VERSION = 1
 MIN_SAMPLES = 32
 RETRAIN_GROWTH = 0.25
+RETRAIN_MIN_NEW = 8
+MAX_WARM_TREES = 200
 MIN_WEIGHT = 0.1
-WARM_ROUNDS = 40
+WARM_ROUNDS = 20
 
-DEFAULT_PARAMS = {"max_depth": 8, "eta": 0.2, "subsample": 1.0, "colsample_bytree": 1.0, "min_child_weight": 2,
-                  "gamma": 0.003, "lambda": 1.0, "nthread": 2, "tree_method": "hist"}
+DEFAULT_PARAMS = {"max_depth": 5, "eta": 0.2, "subsample": 1.0, "colsample_bytree": 1.0, "min_child_weight": 5,
+                  "gamma": 0.003, "lambda": 1.0, "nthread": 1, "tree_method": "hist"}
 
 
 class CostModelWarning(UserWarning):
@@ -57,7 +69,9 @@ class Sample:
 
     @property
     def cost(self) -> float:
-        return float(np.median(self.costs)) if self.costs else float("inf")
+        """The fastest repeat (seconds; inf when failed): on a shared machine other jobs only ever slow a
+        repeat down, so the minimum is the least disturbed estimate (the database's "best" uses medians)."""
+        return float(min(self.costs)) if self.costs else float("inf")
 
 
 def as_samples(items) -> list[Sample]:
@@ -89,7 +103,7 @@ def labels(samples: list[Sample]) -> np.ndarray:
                      for s in samples])
 
 
-def _features(samples: list[Sample]) -> list[np.ndarray | None]:
+def features_of_samples(samples: list[Sample]) -> list[np.ndarray | None]:
     """Features of each sample, computed in batches per workload (fast path)."""
     out: list[np.ndarray | None] = [None] * len(samples)
     by: dict[str, list[int]] = {}
@@ -137,17 +151,21 @@ def _program_rows(feats: list[np.ndarray], mode: str) -> tuple[np.ndarray, np.nd
 class CostModel:
     """XGBoost cost model.  `predict` returns scores (higher = faster) for schedules of one task."""
 
-    def __init__(self, seed: int = 0, mode: str = "packsum", rounds: int = 300, params: dict | None = None,
+    def __init__(self, seed: int = 0, mode: str = "packsum", rounds: int = 100, params: dict | None = None,
                  min_samples: int = MIN_SAMPLES):
-        if mode not in ("packsum", "rank"):
-            raise InputError(f"cost model mode {mode!r} unknown (packsum or rank)")
+        if mode not in MODES:
+            raise InputError(f"cost model mode {mode!r} unknown (one of {', '.join(MODES)})")
         self.seed, self.mode, self.rounds, self.min_samples = seed, mode, rounds, min_samples
         self.params = dict(DEFAULT_PARAMS, **(params or {}))
         self.booster = None
         self.pretrained = False
         self.samples: list[Sample] = []
         self._feats: list[np.ndarray | None] = []
-        self._trained_on = 0
+        self._trained_on = 0      # samples behind the model (a loaded model: what it was pretrained on)
+        self._local_on = 0        # local samples at the last training
+        self._full_on = 0         # local samples at the last training from scratch
+        self._warm_trees = 0      # trees added by warm starts since then
+        self.train_count = 0
         self._random = RandomModel(seed)
 
     @property
@@ -155,43 +173,54 @@ class CostModel:
         return self.booster is not None
 
     # ------------------------------------------------------------------ training
-    def fit(self, samples) -> CostModel:
-        """Train on `samples` (replacing stored data); with too little data, warn and stay random
-        (or keep the pretrained trees)."""
-        self.samples, self._feats = [], []
-        self._add(samples)
+    def fit(self, samples, feats: list | None = None) -> CostModel:
+        """Train on `samples` (replacing stored data; `feats`: their features when already computed, e.g. by
+        `features_of_samples`); with too little data, warn and stay random (or keep the pretrained trees)."""
+        if feats is not None:
+            self.samples, self._feats = as_samples(samples), list(feats)
+        else:
+            self.samples, self._feats = [], []
+            self._add(samples)
         self._train()
         return self
 
     def update(self, samples) -> CostModel:
-        """Add measured samples; retrain when the data grew by RETRAIN_GROWTH since the last training."""
+        """Add measured samples and train when the data grew by RETRAIN_GROWTH (and at least RETRAIN_MIN_NEW
+        samples) since the last training: a warm start (WARM_ROUNDS more trees on all data) while the data is
+        less than twice what the last full training saw, or always for a pretrained model (until its warm
+        trees pass MAX_WARM_TREES); else a full retrain from scratch."""
         self._add(samples)
-        if not self.trained or self.pretrained or len(self.samples) >= (1 + RETRAIN_GROWTH) * self._trained_on:
-            self._train(quiet=True)
+        n, last = len(self.samples), self._local_on
+        if not self.trained or (n >= (1 + RETRAIN_GROWTH) * last and n - last >= RETRAIN_MIN_NEW):
+            full = not self.trained or (not self.pretrained and n >= 2 * self._full_on) or \
+                self._warm_trees >= MAX_WARM_TREES
+            self._train(quiet=True, warm=not full)
         return self
 
     def _add(self, samples) -> None:
         new = as_samples(samples)
         self.samples += new
-        self._feats += _features(new)
+        self._feats += features_of_samples(new)
 
-    def _train(self, quiet: bool = False) -> None:
+    def _train(self, quiet: bool = False, warm: bool = False) -> None:
         import xgboost as xgb
 
         keep = [i for i, f in enumerate(self._feats) if f is not None]
         samples = [self.samples[i] for i in keep]
         y = labels(samples)
-        if len(samples) < self.min_samples or len(set(np.round(y, 9))) < 2:
+        w = np.maximum(y, MIN_WEIGHT)
+        need = RETRAIN_MIN_NEW if self.pretrained else self.min_samples   # a pretrained model adapts early
+        if len(samples) < need or len(set(np.round(y, 9))) < 2:
             if not quiet:
-                warnings.warn(f"cost model: {len(samples)} usable samples (need {self.min_samples} with different "
+                warnings.warn(f"cost model: {len(samples)} usable samples (need {need} with different "
                               f"costs); predictions stay {'pretrained' if self.trained else 'random'}",
                               CostModelWarning, stacklevel=3)
             return
         feats = [self._feats[i] for i in keep]
         X, pid = _program_rows(feats, self.mode)
-        w = np.maximum(y, MIN_WEIGHT)
         params = dict(self.params, seed=self.seed)
-        base = self.booster if self.pretrained else None
+        base = self.booster if (warm or self.pretrained) and self.booster is not None and \
+            self._warm_trees < MAX_WARM_TREES else None
         rounds = WARM_ROUNDS if base is not None else self.rounds
         if self.mode == "packsum":
             dtrain = xgb.DMatrix(X)
@@ -203,6 +232,10 @@ class CostModel:
                 return g[pid], (2.0 * w)[pid]
             params.update(base_score=0.0, disable_default_eval_metric=1)
             self.booster = xgb.train(params, dtrain, rounds, obj=obj, xgb_model=base)
+        elif self.mode == "reg":
+            dtrain = xgb.DMatrix(X, label=y, weight=w)
+            params.update(objective="reg:squarederror")
+            self.booster = xgb.train(params, dtrain, rounds, xgb_model=base)
         else:
             order = np.argsort([s.workload_key for s in samples], kind="stable")
             qid = np.unique([s.workload_key for s in samples], return_inverse=True)[1]
@@ -210,7 +243,12 @@ class CostModel:
             params.update(objective="rank:pairwise", lambdarank_pair_method="mean",
                           lambdarank_num_pair_per_sample=8)
             self.booster = xgb.train(params, dtrain, rounds, xgb_model=base)
-        self._trained_on = len(self.samples)
+        self._trained_on = self._local_on = len(self.samples)
+        if base is None:
+            self._full_on, self._warm_trees, self.pretrained = len(self.samples), 0, False
+        else:
+            self._warm_trees += rounds
+        self.train_count += 1
 
     # ------------------------------------------------------------------ prediction
     def predict(self, task, schedules) -> np.ndarray:
@@ -273,13 +311,17 @@ def load_model_file(path) -> CostModel:
                          f"incompatible with this hlotune (version {MODEL_VERSION}, feature version {FEATURE_VERSION}, "
                          f"{NUM_FEATURES} features)", file=p)
     try:
-        m = CostModel(seed=int(doc["seed"]), mode=doc["mode"], rounds=int(doc["rounds"]), params=doc["params"])
+        m = CostModel(seed=int(doc["seed"]), mode=doc["mode"], rounds=int(doc["rounds"]),
+                      params=dict(doc["params"], nthread=DEFAULT_PARAMS["nthread"]))
         b = xgb.Booster()
         b.load_model(bytearray(base64.b64decode(doc["booster"], validate=True)))
-        b.set_param({"nthread": m.params.get("nthread", 2)})
+        b.set_param({"nthread": m.params.get("nthread", 1)})
     except (KeyError, TypeError, ValueError, xgb.core.XGBoostError) as e:
         raise InputError(f"corrupt cost model (version {ver}): {str(e).splitlines()[0][:200]}", file=p) from None
     m.booster = b
     m.pretrained = True
     m._trained_on = int(doc.get("trained_on", 0))
     return m
+
+
+_features = features_of_samples

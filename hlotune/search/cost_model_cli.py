@@ -14,7 +14,7 @@ import warnings
 
 import numpy as np
 
-from ..cost_model.metrics import mean_metrics, task_metrics
+from ..cost_model.metrics import mean_metrics, repeat_agreement, task_metrics
 from ..cost_model.model import MODES, CostModel, CostModelWarning, RandomModel, Sample, features_of_samples
 from ..errors import HlotuneError, InputError
 
@@ -109,14 +109,24 @@ def _cmd_eval(a) -> int:
     else:
         per = evaluate_lowo(samples, lambda: CostModel(seed=a.seed, mode=a.mode))
         how = "leave one workload out"
+    by = _by_task(samples)
+    names = {s.workload_key: s.compute.name for s in samples}
+    for k, m in per.items():   # the noise ceiling: one repeat "predicting" the next
+        runs = [s.costs for s in by[k] if s.costs]
+        m["repeats_agree"] = repeat_agreement(runs)
+        m["repeats_agree@1.5x"] = repeat_agreement(runs, 1.5)
     mean = mean_metrics(per)
     if a.json:
-        print(json.dumps({"how": how, "per_task": per, "mean": mean}, indent=1))
+        print(json.dumps({"how": how, "records": len(samples), "per_task": per, "mean": mean,
+                          "names": {k: names.get(k, "") for k in per}}, indent=1))
         return 0
-    print(f"{how}: {len(per)} workloads")
+    print(f"{how}: {len(per)} workloads, {len(samples)} records")
     for k, m in per.items():
-        print(f"  {k}: " + "  ".join(f"{n} {v:.3f}" for n, v in m.items()))
+        print(f"  {k} ({names.get(k, '')}, {sum(1 for s in by[k] if s.costs)} valid): "
+              + "  ".join(f"{n} {v:.3f}" for n, v in m.items()))
     print("mean: " + "  ".join(f"{n} {v:.3f}" for n, v in mean.items()))
+    print("(pairwise@1.5x: only pairs whose costs differ by 1.5x or more; repeats_agree: the second-last repeat of "
+          "each measurement used as the prediction of the last, i.e. the noise ceiling of pairwise accuracy)")
     return 0
 
 

@@ -111,3 +111,81 @@ def test_metrics():
     assert peak_at_k(c, s, 1) == pytest.approx(1 / 4)
     assert peak_at_k(c, s, 3) == pytest.approx(1 / 2)
     assert peak_at_k(c, s, 4) == 1.0
+
+
+def test_update_policy_warm_start_and_retrain(data):
+    """Random until MIN_SAMPLES; then a full training; growth of 25% warm-starts (WARM_ROUNDS more trees);
+    doubling retrains from scratch; a loaded (pretrained) model is warm-started by its first updates."""
+    from hlotune.cost_model import model as cm
+
+    task, samples, scheds, costs = data
+    m = CostModel(seed=0, rounds=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m.update(samples[:8])
+    assert not m.trained and m.train_count == 0
+    m.update(samples[8:32])                                    # 32 = MIN_SAMPLES: first (full) training
+    assert m.trained and m.train_count == 1 and m._warm_trees == 0
+    trees = m.booster.num_boosted_rounds()
+    m.update(samples[32:36])                                   # +4 < RETRAIN_MIN_NEW: no training
+    assert m.train_count == 1
+    m.update(samples[36:44])                                   # 44 >= 1.25 * 32: warm start
+    assert m.train_count == 2 and m.booster.num_boosted_rounds() == trees + cm.WARM_ROUNDS
+    m.update(samples[44:60] + samples[:8])                     # 68 >= 2 * 32: full retrain
+    assert m.train_count == 3 and m.booster.num_boosted_rounds() == 10 and m._warm_trees == 0
+
+
+def test_pretrained_is_warm_started(tmp_path, data):
+    from hlotune.cost_model import model as cm
+
+    task, samples, scheds, costs = data
+    path = tmp_path / "pre.json"
+    CostModel(seed=0, rounds=10).fit(samples[:40]).save(path)
+    m = CostModel.load(path)
+    assert m.pretrained and m.trained and m.params["nthread"] == 1
+    m.update(samples[40:50])
+    assert m.booster.num_boosted_rounds() == 10 + cm.WARM_ROUNDS and m.train_count == 1
+
+
+def test_labels_use_fastest_repeat():
+    from hlotune.cost_model.model import labels
+
+    s = [Sample("a", None, None, (2.0, 9.0, 9.0)), Sample("a", None, None, (4.0, 4.0, 4.0)),
+         Sample("a", None, None, ()), Sample("b", None, None, (1.0,)), Sample("b", None, None, (3.0, 5.0))]
+    np.testing.assert_allclose(labels(s), [1.0, 0.5, 0.0, 1.0, 1 / 3])
+
+
+def test_eval_command_on_a_database(tmp_path, data, capsys):
+    """`hlotune cost-model eval DB` (leave one workload out) and `train` + `eval --model` on a database of two
+    workloads with synthetic costs; the reported numbers equal the metrics module's on the same scores."""
+    from hlotune.cli import main
+    from hlotune.database import Record, open_database
+    from hlotune.ir.workload import workload_to_json
+    from hlotune.schedule_space.steps import schedule_to_json
+
+    task, samples, scheds, costs = data
+    db_path = str(tmp_path / "t.db")
+    db = open_database(db_path)
+    wl = workload_to_json(task.compute)
+    recs = []
+    for wk in ("w1-aaaa", "w1-bbbb"):   # the same compute under two keys: two "workloads"
+        for s, c in zip(scheds, costs):
+            recs.append(Record(workload_key=wk, workload=wl, target="t", target_family="f",
+                               steps=json.dumps(schedule_to_json(s)), schedule_key=s.key + wk, costs=(c, c * 1.01)))
+    db.add_many(recs)
+    db.close()
+    assert main(["cost-model", "eval", db_path, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["per_task"]) == {"w1-aaaa", "w1-bbbb"}
+    assert out["mean"]["pairwise_accuracy"] > 0.7          # the other workload's records teach the same costs
+    model_path_ = str(tmp_path / "m.json")
+    assert main(["cost-model", "train", db_path, "-o", model_path_]) == 0
+    capsys.readouterr()
+    assert main(["cost-model", "eval", db_path, "--model", model_path_, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    m = CostModel.load(model_path_)
+    want = pairwise_accuracy(costs, m.predict(task, scheds))
+    assert got["per_task"]["w1-aaaa"]["pairwise_accuracy"] == pytest.approx(want)
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["cost-model", "eval", db_path, "--model", str(tmp_path / "bad.json")]) == 2
+    assert "bad.json" in capsys.readouterr().err

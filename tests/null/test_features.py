@@ -98,3 +98,38 @@ def test_fast_path_equals_exact(name, kind):
             np.testing.assert_allclose(fast, exact, atol=1e-6, err_msg=f"{sg.name} {s.steps}")
             checked += 1
     assert checked > 0
+
+
+@pytest.mark.parametrize("name,kind,n", [("dense_bias_relu", "hlo", 40), ("dense_bias_relu", "bench.hlo", 24),
+                                         ("mlp_train_step", "hlo", 8), ("sin_mul_add", "hlo", 12),
+                                         ("softmax", "bench.hlo", 6), ("layernorm", "hlo", 6)])
+def test_fast_path_equals_exact_on_sketch_samples(name, kind, n):
+    """Random schedules of every sketch (multi-level tiling, packed layouts, fused-then-split elementwise
+    loops, unroll pragmas, cache_write, rfactor fallbacks), featurized in one batch, against lowering each."""
+    import random
+
+    from hlotune.schedule_space.task import Task
+    from hlotune.search.space import TaskSpace, sample_random
+
+    m = hlotune.load_model(model_path(name, kind))
+    checked = 0
+    for sg in m.frontend.subgraphs:
+        w = sg.workload
+        space = TaskSpace(Task(w.key, w.compute, _T, 1, sg.name, float(w.flops)))
+        scheds = sample_random(space, random.Random(3), n)
+        for s, fast in zip(scheds, batch_features(w.compute, scheds, w.key)):
+            np.testing.assert_allclose(fast, exact_features(w.compute, s), atol=1e-6, err_msg=f"{sg.name} {s.steps}")
+            checked += 1
+    assert checked > 0
+
+
+def test_fused_loop_stride_is_one():
+    """max_3[f // 32, f % 32] over a fused loop f: one step moves one element (stride 1, not 1 + 32/32)."""
+    f = _v("f")
+    st = Store("C", (Binary(Op.DIVIDE, f, Const(32, I), I), Binary(Op.REMAINDER, f, Const(32, I), I)),
+               Load("A", (Binary(Op.DIVIDE, f, Const(32, I), I), Binary(Op.REMAINDER, f, Const(32, I), I)), F32))
+    fn = LoopFunc("copy", (BufferDecl("A", (8, 32), F32),), (BufferDecl("C", (8, 32), F32),),
+                  For(f, Const(0, I), Const(256, I), ForKind.PARALLEL, st))
+    r = _raw(features_of_func(fn)[0])
+    assert round(float(r[COL["B0.stride"]]), 6) == 1 and round(float(r[COL["B1.stride"]]), 6) == 1
+    assert float(r[COL["B0.lines"]]) == pytest.approx(256 / 16)
