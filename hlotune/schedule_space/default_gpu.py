@@ -22,6 +22,7 @@ from __future__ import annotations
 from ..ir.expr import Binary, ComputeDef, Load, Stage, walk
 from ..ir.hlo import Op
 from ..target import Target
+from .default import _consumers, _contiguous_in, _divisor_at_most, _reads_same_point
 from .loop_ir import ForKind
 from .steps import (
     Annotate,
@@ -107,15 +108,6 @@ def _pos(cd: ComputeDef, name: str) -> int:
     return [s.name for s in cd.stages].index(name)
 
 
-def _consumers(cd: ComputeDef) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {s.name: [] for s in cd.stages}
-    for s in cd.stages:
-        for n in {e.buffer for e in walk(s.body) if isinstance(e, Load)}:
-            if n in out:
-                out[n].append(s.name)
-    return out
-
-
 def _is_tiled_reduction(stage: Stage) -> bool:
     """A dot- or conv-like reduction: a sum of products with two or more space axes."""
     if not stage.is_reduction or len(stage.axes) < 2 or stage.reducer is None or stage.reducer.op is not Op.ADD:
@@ -134,22 +126,6 @@ def _fusable_producer(cd: ComputeDef, stage: Stage, cons: dict[str, list[str]], 
                 and _is_tiled_reduction(prod) and prod.shape == stage.shape and _reads_same_point(stage, prod.name)):
             return prod
     return None
-
-
-def _reads_same_point(stage: Stage, buf: str) -> bool:
-    want = tuple(a.name for a in stage.axes)
-    for e in walk(stage.body):
-        if isinstance(e, Load) and e.buffer == buf:
-            if tuple(getattr(i, "name", None) for i in e.indices) != want:
-                return False
-    return True
-
-
-def _divisor_at_most(n: int, cap: int) -> int:
-    for d in range(max(1, min(n, cap)), 0, -1):
-        if n % d == 0:
-            return d
-    return 1
 
 
 def _work(stage: Stage) -> int:
@@ -248,13 +224,6 @@ def _shape(cd: ComputeDef, name: str) -> tuple[int, ...]:
         if b.name == name:
             return b.shape
     return cd.stage(name).shape
-
-
-def _contiguous_in(stage: Stage, axis: str) -> bool:
-    for e in walk(stage.body):
-        if isinstance(e, Load) and e.indices and getattr(e.indices[-1], "name", None) == axis:
-            return True
-    return False
 
 
 def _pow2_at_most(n: int, cap: int) -> int:
