@@ -27,3 +27,26 @@ def model_io(name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
 @pytest.fixture(params=MODEL_NAMES)
 def model_name(request) -> str:
     return request.param
+
+
+_LOADED: dict = {}
+
+
+def load_fixture(name: str, kind: str = "hlo"):
+    """The fixture model `name` loaded once per test session (front end included, lazily)."""
+    import hlotune
+
+    if (name, kind) not in _LOADED:
+        _LOADED[name, kind] = hlotune.load_model(model_path(name, kind))
+    return _LOADED[name, kind]
+
+
+def distinct_subgraphs(kind: str = "hlo") -> list:
+    """(model name, fused subgraph) for every distinct workload key over all fixtures."""
+    out, seen = [], set()
+    for name in MODEL_NAMES:
+        for sg in load_fixture(name, kind).frontend.subgraphs:
+            if sg.workload.key not in seen:
+                seen.add(sg.workload.key)
+                out.append((name, sg))
+    return out

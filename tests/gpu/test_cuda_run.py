@@ -6,26 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import hlotune
 from hlotune.ir.compute import constant_values
 from hlotune.ir.compute_eval import evaluate_compute
 from hlotune.schedule_space.default_gpu import default_gpu_schedule
 from hlotune.schedule_space.lower import lower
-from tests.conftest import MODEL_NAMES, model_path
-
-_MODELS: dict = {}
+from tests.conftest import MODEL_NAMES, distinct_subgraphs
 
 
 def _subgraphs():
-    out, seen = [], set()
-    for name in MODEL_NAMES:
-        if name not in _MODELS:
-            _MODELS[name] = hlotune.load_model(model_path(name))
-        for sg in _MODELS[name].frontend.subgraphs:
-            if sg.workload.key not in seen:
-                seen.add(sg.workload.key)
-                out.append((name, sg))
-    return out
+    return distinct_subgraphs()
 
 
 def _run_and_check(sg, steps, label, seed):

@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-import hlotune
 from hlotune.codegen.cuda import generate_cuda
 from hlotune.codegen.cuda_runtime import compile_cubin
 from hlotune.errors import CompileError
@@ -24,23 +23,12 @@ from hlotune.schedule_space.default_gpu import default_gpu_schedule
 from hlotune.schedule_space.loop_eval import evaluate_loop_func
 from hlotune.schedule_space.loop_ir import Allocate, BufferDecl, For, ForKind, LoopFunc, Seq, Store
 from hlotune.schedule_space.lower import lower
-from tests.conftest import MODEL_NAMES, model_path
+from tests.conftest import distinct_subgraphs
 
 NVCC = shutil.which("nvcc")
 F32 = DType.F32
-_MODELS: dict = {}
-
-
 def _subgraphs():
-    out, seen = [], set()
-    for name in MODEL_NAMES:
-        if name not in _MODELS:
-            _MODELS[name] = hlotune.load_model(model_path(name))
-        for sg in _MODELS[name].frontend.subgraphs:
-            if sg.workload.key not in seen:
-                seen.add(sg.workload.key)
-                out.append((name, sg))
-    return out
+    return distinct_subgraphs()
 
 
 def _work(cd):
