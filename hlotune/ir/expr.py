@@ -322,22 +322,26 @@ class ComputeDef:
         return "\n".join(lines)
 
 
-def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
-    """Replace Vars by name (recursive rebuild; expressions are small)."""
-    if isinstance(e, Var):
-        return mapping.get(e.name, e)
-    if isinstance(e, Const):
-        return e
+def rebuild(e: Expr, fn) -> Expr:
+    """Rebuild `e` bottom-up: each node with its children rebuilt is passed to `fn`, whose result
+    replaces it (expressions are small, so plain recursion is fine)."""
     if isinstance(e, Load):
-        return Load(e.buffer, tuple(substitute(i, mapping) for i in e.indices), e.dtype)
-    if isinstance(e, Unary):
-        return Unary(e.op, substitute(e.a, mapping), e.dtype)
-    if isinstance(e, Binary):
-        return Binary(e.op, substitute(e.a, mapping), substitute(e.b, mapping), e.dtype)
-    if isinstance(e, Compare):
-        return Compare(e.direction, substitute(e.a, mapping), substitute(e.b, mapping), e.dtype)
-    if isinstance(e, Select):
-        return Select(substitute(e.cond, mapping), substitute(e.t, mapping), substitute(e.f, mapping), e.dtype)
-    if isinstance(e, Cast):
-        return Cast(substitute(e.a, mapping), e.dtype)
-    raise TypeError(f"not an Expr: {e!r}")
+        e = Load(e.buffer, tuple(rebuild(i, fn) for i in e.indices), e.dtype)
+    elif isinstance(e, Unary):
+        e = Unary(e.op, rebuild(e.a, fn), e.dtype)
+    elif isinstance(e, Binary):
+        e = Binary(e.op, rebuild(e.a, fn), rebuild(e.b, fn), e.dtype)
+    elif isinstance(e, Compare):
+        e = Compare(e.direction, rebuild(e.a, fn), rebuild(e.b, fn), e.dtype)
+    elif isinstance(e, Select):
+        e = Select(rebuild(e.cond, fn), rebuild(e.t, fn), rebuild(e.f, fn), e.dtype)
+    elif isinstance(e, Cast):
+        e = Cast(rebuild(e.a, fn), e.dtype)
+    elif not isinstance(e, Var | Const):
+        raise TypeError(f"not an Expr: {e!r}")
+    return fn(e)
+
+
+def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
+    """Replace Vars by name."""
+    return rebuild(e, lambda n: mapping.get(n.name, n) if isinstance(n, Var) else n)

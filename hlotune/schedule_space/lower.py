@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import ScheduleError
-from ..ir.expr import INDEX, Binary, ComputeDef, Const, Expr, Load, Var, substitute, walk
+from ..ir.expr import INDEX, Binary, ComputeDef, Const, Expr, Load, Var, rebuild, substitute, walk
 from ..ir.hlo import DType, Op
 from .loop_ir import Allocate, BufferDecl, For, ForKind, If, LoopFunc, Seq, Stmt, Store, walk_stmts
 from .simplify import Ranges, bounds, from_linear, ic, lin_bounds, linear, simplify
@@ -441,20 +441,7 @@ def _strip_clamp(e: Expr, extent: int) -> Expr:
 
 def _map_loads(e: Expr, fn) -> Expr:
     """Rebuild `e` bottom-up, replacing each Load (after its indices) by fn(load)."""
-    from ..ir.expr import Cast, Compare, Select, Unary
-    if isinstance(e, Load):
-        return fn(Load(e.buffer, tuple(_map_loads(i, fn) for i in e.indices), e.dtype))
-    if isinstance(e, Unary):
-        return Unary(e.op, _map_loads(e.a, fn), e.dtype)
-    if isinstance(e, Binary):
-        return Binary(e.op, _map_loads(e.a, fn), _map_loads(e.b, fn), e.dtype)
-    if isinstance(e, Compare):
-        return Compare(e.direction, _map_loads(e.a, fn), _map_loads(e.b, fn), e.dtype)
-    if isinstance(e, Select):
-        return Select(_map_loads(e.cond, fn), _map_loads(e.t, fn), _map_loads(e.f, fn), e.dtype)
-    if isinstance(e, Cast):
-        return Cast(_map_loads(e.a, fn), e.dtype)
-    return e
+    return rebuild(e, lambda n: fn(n) if isinstance(n, Load) else n)
 
 
 __all__ = ["lower", "default_lowering"]
