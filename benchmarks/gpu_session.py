@@ -101,7 +101,8 @@ def matmul(n: int, torch, log) -> dict:
     fl = 2 * n ** 3
     res = {"n": n, "ours_gflops": fl / t_ours / 1e9, "cublas_gflops": fl / t_cublas / 1e9,
            "ratio": t_cublas / t_ours, "rel_err": err, "build_s": build_s,
-           "launches": [(ln.grid, ln.block, ln.shared_bytes) for ln in kern.source.launches]}
+           "launches": [(ln.grid, ln.block, ln.shared_bytes) for ln in kern.source.launches],
+           "template": "GEMM template" in kern.text, "resources": _resources(kern)}
     log(f"matmul {n}: ours {res['ours_gflops']:.0f} GFLOP/s, cuBLAS {res['cublas_gflops']:.0f} "
         f"({100 * res['ratio']:.1f}%), rel err {err:.2e}")
     return res
@@ -148,11 +149,12 @@ def memory_bound(name: str, torch, copy_gbs: float, log) -> list[dict]:
     return out
 
 
-MATMUL_VARIANTS = {  # (MR, NR, TI, TJ, BK)
-    "8x8/16x16/bk8 (old)": (8, 8, 16, 16, 8), "8x8/16x16/bk16": (8, 8, 16, 16, 16),
-    "16x4/8x32/bk8": (16, 4, 8, 32, 8), "16x4/8x32/bk16": (16, 4, 8, 32, 16),
-    "8x4/8x32/bk16": (8, 4, 8, 32, 16), "4x4/8x32/bk16": (4, 4, 8, 32, 16), "8x4/16x16/bk16": (8, 4, 16, 16, 16),
-    "4x4/16x16/bk16": (4, 4, 16, 16, 16),
+MATMUL_VARIANTS = {  # label -> ((MR, NR, TI, TJ, BK), GEMM template on); the template needs BK % 4 == 0
+    "generic 8x4/8x32/bk16 (before)": ((8, 4, 8, 32, 16), False),
+    "8x4/8x32/bk16": ((8, 4, 8, 32, 16), True), "8x4/8x32/bk32": ((8, 4, 8, 32, 32), True),
+    "16x4/8x32/bk8": ((16, 4, 8, 32, 8), True), "16x4/8x32/bk16": ((16, 4, 8, 32, 16), True),
+    "8x8/16x16/bk8": ((8, 8, 16, 16, 8), True), "8x4/16x16/bk16": ((8, 4, 16, 16, 16), True),
+    "16x4/16x16/bk8": ((16, 4, 16, 16, 8), True), "8x8/8x32/bk16": ((8, 8, 8, 32, 16), True),
 }
 EW_VARIANTS = {"per1/t256": {"per": 1, "threads": 256}, "per4/t256": {"per": 4, "threads": 256},
                "per8/t256": {"per": 8, "threads": 256}, "per4/t512": {"per": 4, "threads": 512},
@@ -194,16 +196,26 @@ def matmul_variants(n: int, torch, log, cublas: float | None) -> list[dict]:
     b = torch.randn(n, n, device="cuda")
     c = torch.full((n, n), float("nan"), device="cuda")
     ref = a.double() @ b.double()
+    import hlotune.codegen.cuda as cuda_gen
+    import hlotune.codegen.cuda_runtime as rt
+
     out = []
-    for label, tiles in MATMUL_VARIANTS.items():
+    for label, (tiles, gemm) in MATMUL_VARIANTS.items():
         try:
-            kern = build_cuda(lower(cd, default_gpu_schedule(cd, options={"tiles": tiles}), name=f"mm{n}"))
+            rt._KCACHE.clear()
+            cuda_gen.GEMM_TEMPLATE = gemm
+            try:
+                kern = build_cuda(lower(cd, default_gpu_schedule(cd, options={"tiles": tiles}), name=f"mm{n}"))
+            finally:
+                cuda_gen.GEMM_TEMPLATE = True
+                rt._KCACHE.clear()
+            r0 = {"template": "GEMM template" in kern.text}
             c.fill_(float("nan"))
             kern(a, b, c)
             torch.cuda.synchronize()
             err = float(torch.linalg.norm(c.double() - ref) / torch.linalg.norm(ref))
             t = float(np.median(kern.time(a, b, c, min_time=0.05 if n <= 1024 else 0.1, repeat=3)))
-            r = {"n": n, "variant": label, "gflops": 2 * n ** 3 / t / 1e9, "rel_err": err,
+            r = {**r0, "n": n, "variant": label, "gflops": 2 * n ** 3 / t / 1e9, "rel_err": err,
                  "of_cublas": (2 * n ** 3 / t / 1e9) / cublas if cublas else None, "resources": _resources(kern)}
             log(f"  matmul {n} {label}: {r['gflops']:.0f} GFLOP/s ({100 * (r['of_cublas'] or 0):.0f}% of cuBLAS), "
                 f"err {err:.1e}, regs {r['resources'][0]['regs']}, local {r['resources'][0]['local_bytes']}")
@@ -271,24 +283,27 @@ def _events_round_time(fn, torch, rounds=5, calls=20) -> float:
     return float(np.median(ts))
 
 
-def models(torch, log, deadline: float, with_torch: bool) -> list[dict]:
+def models(torch, log, deadline: float, with_torch: bool, names=None, with_jax: bool = True,
+           torch_margin: float = 60.0) -> list[dict]:
     import json as _json
 
     import hlotune
     from tests.conftest import MODEL_NAMES, MODELS_DIR, model_path
 
+    jax = None
     try:
-        import jax
-        import jax.numpy as jnp
-        from jax import lax
-        jax.config.update("jax_default_matmul_precision", "highest")
+        if with_jax:
+            import jax
+            import jax.numpy as jnp
+            from jax import lax
+            jax.config.update("jax_default_matmul_precision", "highest")
     except Exception as e:  # pragma: no cover
         log(f"JAX not usable: {e}")
         jax = None
     manifest = _json.loads((MODELS_DIR / "manifest.json").read_text())["models"]
     ref = _json.loads((MODELS_DIR / "jax_gpu_times.json").read_text())["highest"]
     out = []
-    for name in MODEL_NAMES:
+    for name in names or MODEL_NAMES:
         if time.time() > deadline:
             log(f"model {name}: skipped (time budget)")
             continue
@@ -304,6 +319,23 @@ def models(torch, log, deadline: float, with_torch: bool) -> list[dict]:
             d_args = [torch.from_numpy(a).cuda() for a in args]
             got = [torch.as_tensor(g, device="cuda") for g in exe.call_device(*d_args)]
             r["ours_s"] = _events_round_time(lambda e=exe, a=d_args: e.call_device(*a), torch)
+            r["kernels"] = exe._gpu.fast.prog.n_kernels if exe._gpu.fast is not None else None
+            import hlotune.codegen.cuda_runtime as rt
+            rt.USE_GRAPHS = False   # the launch program kernel by kernel (no CUDA graph replay)
+            r["ours_nograph_s"] = _events_round_time(lambda e=exe, a=d_args: e.call_device(*a), torch)
+            rt.USE_GRAPHS = True
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(100):
+                exe.call_device(*d_args)
+            r["host_s"] = (time.perf_counter() - t0) / 100    # Python + driver time per call (queue not full)
+            torch.cuda.synchronize()
+            fast, exe._gpu.fast = exe._gpu.fast, None   # the general glue path (one pycuda launch per kernel)
+            r["ours_general_s"] = _events_round_time(lambda e=exe, a=d_args: e.call_device(*a), torch)
+            exe._gpu.fast = fast
+            # the device time of the kernels alone: launched back to back without the host in the way
+            if fast is not None:
+                r["ours_device_s"] = _events_round_time(fast.prog.run, torch, calls=50)
             r["host_fallbacks"] = dict(exe._gpu.host_fallbacks)
             if jax is not None:
                 ns = {"jax": jax, "jnp": jnp, "lax": lax}
@@ -320,12 +352,15 @@ def models(torch, log, deadline: float, with_torch: bool) -> list[dict]:
                 r["jax_s"] = _round_time(lambda f=fn, a=j_args: f(*a),
                                          lambda f=fn, a=j_args: jax.block_until_ready(f(*a)))
                 r["speedup_vs_jax"] = r["jax_s"] / r["ours_s"]
-            if with_torch and name in MODELS_TORCH and time.time() < deadline - 60:
+            if with_torch and name in MODELS_TORCH and time.time() < deadline - torch_margin:
                 tf = torch.compile(MODELS_TORCH[name](torch))
                 tf(*d_args)
                 r["torch_compile_s"] = _events_round_time(lambda f=tf, a=d_args: f(*a), torch)
                 r["speedup_vs_torch"] = r["torch_compile_s"] / r["ours_s"]
-            log(f"model {name}: ours {r['ours_s'] * 1e6:.1f} us, JAX {r.get('jax_s', 0) * 1e6:.1f} us "
+            log(f"model {name}: ours {r['ours_s'] * 1e6:.1f} us (no graphs {r['ours_nograph_s'] * 1e6:.1f} us, host "
+                f"{r['host_s'] * 1e6:.1f} us/call, general path {r['ours_general_s'] * 1e6:.1f} us, "
+                f"kernels alone {r.get('ours_device_s', 0) * 1e6:.1f} us, {r['kernels']} kernels), "
+                f"JAX {r.get('jax_s', 0) * 1e6:.1f} us "
                 f"(x{r.get('speedup_vs_jax', 0):.2f}), torch.compile {r.get('torch_compile_s', 0) * 1e6:.1f} us, "
                 f"err {r.get('rel_err_vs_jax', -1):.1e}, host fallbacks {r['host_fallbacks']}")
         except Exception as e:
@@ -336,7 +371,8 @@ def models(torch, log, deadline: float, with_torch: bool) -> list[dict]:
     return out
 
 
-def tune_check(name: str, trials: int, out: Path, log, timeout: float, population: int = 256) -> dict:
+def tune_check(name: str, trials: int, out: Path, log, timeout: float, population: int = 256,
+               budget: str | None = None) -> dict:
     """`hlotune tune MODEL --target cuda` (bench size, `trials` trials, a subprocess with a time cap) into
     out/gpu_tune.db, then `hlotune.compile(model, tuning_log=db, target="cuda")`: which subgraphs use tuned
     schedules, outputs against the default-schedule executable on the same inputs, device-resident times."""
@@ -349,8 +385,10 @@ def tune_check(name: str, trials: int, out: Path, log, timeout: float, populatio
     db = out / "gpu_tune.db"
     res: dict = {"model": name, "trials": trials, "population": population}
     cmd = [sys.executable, "-c", "import sys; from hlotune.cli import main; sys.exit(main(sys.argv[1:]))", "tune",
-           str(model_path(name, "bench.hlo")), "--target", "cuda", "--tuning-log", str(db), "--trials", str(trials),
-           "--population", str(population), "--seed", "0", "--json", "-q", "--log-dir", "/tmp/hlotune_logs"]
+           str(model_path(name, "bench.hlo")), "--target", "cuda", "--tuning-log", str(db), "--population",
+           str(population), "--seed", "0", "--json", "-q", "--log-dir", "/tmp/hlotune_logs"]
+    cmd += ["--time-budget", budget, "--trials", "100000"] if budget else ["--trials", str(trials)]
+    res["budget"] = budget
     t0 = time.time()
     try:
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -368,6 +406,12 @@ def tune_check(name: str, trials: int, out: Path, log, timeout: float, populatio
         d = open_database(str(db))
         recs = list(d.records())
         res["records"] = len(recs)
+        rep = res.get("report") or {}
+        res["measured"] = rep.get("trials")
+        res["candidates_per_s"] = (rep.get("trials") or 0) / max(rep.get("elapsed_s") or res["tune_s"], 1e-9)
+        log(f"tune {name}: {res['measured']} measured in {rep.get('elapsed_s')} s "
+            f"({res['candidates_per_s']:.2f}/s), {res['records']} records in the database, "
+            f"estimated model {rep.get('model_latency_s')} s vs default {rep.get('default_latency_s')} s")
         res["valid_records"] = sum(rec.valid for rec in recs)
         res["errors"] = sorted({rec.error_kind for rec in recs if not rec.valid})
         d.close()
@@ -411,6 +455,9 @@ def main() -> int:
                     help="only tune MODEL (bench size) for cuda and compile it with the log (gpu_tune.json)")
     ap.add_argument("--tune-trials", type=int, default=40)
     ap.add_argument("--tune-timeout", type=float, default=150.0)
+    ap.add_argument("--tune-budget", default=None, help="time budget of the tune run (e.g. 75s) instead of trials")
+    ap.add_argument("--torch-only", default=None, metavar="MODELS",
+                    help="only ours vs torch.compile for these models (comma-separated; '' = all of MODELS_TORCH)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -421,7 +468,15 @@ def main() -> int:
         lines.append(msg)
 
     if args.tune:
-        tune_check(args.tune, args.tune_trials, out, log, args.tune_timeout)
+        tune_check(args.tune, args.tune_trials, out, log, args.tune_timeout, budget=args.tune_budget)
+        return 0
+    if args.torch_only:   # ours and torch.compile only (the models of MODELS_TORCH), results written per model
+        import torch
+        order = [n for n in args.torch_only.split(",") if n] or list(MODELS_TORCH)
+        res = []
+        for name in order:
+            res += models(torch, log, time.time() + args.budget, True, names=[name], with_jax=False, torch_margin=0)
+            (out / "gpu_torch.json").write_text(json.dumps(res, indent=1, default=str))
         return 0
     t_start = time.time()
     deadline = t_start + args.budget
@@ -471,7 +526,8 @@ def main() -> int:
             md.append(f"| {r['subgraph']} | {r['us']:.1f} | {r['gbs']:.0f} | {100 * r['of_copy']:.0f} | "
                       f"{r['correct']} |")
     md += ["", "| model (bench size) | ours us | JAX us (highest) | vs JAX | torch.compile us | vs torch | rel err "
-           "vs JAX | host fallbacks |", "|---|---|---|---|---|---|---|---|"]
+           "vs JAX | host fallbacks | kernels | no graphs us | host us/call | general path us | kernels alone us |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("models", []):
         if "error" in r:
             md.append(f"| {r['model']} | error | | | | | {r['error'][:80]} | |")
@@ -480,7 +536,9 @@ def main() -> int:
         vt = f"{r['speedup_vs_torch']:.2f}x" if "speedup_vs_torch" in r else "-"
         md.append(f"| {r['model']} | {r['ours_s'] * 1e6:.1f} | {r.get('jax_s', 0) * 1e6:.1f} | "
                   f"{r.get('speedup_vs_jax', 0):.2f}x | {tc} | {vt} | {r.get('rel_err_vs_jax', -1):.1e} | "
-                  f"{sum(r['host_fallbacks'].values())} |")
+                  f"{sum(r['host_fallbacks'].values())} | {r.get('kernels')} | {r['ours_nograph_s'] * 1e6:.1f} | "
+                  f"{r['host_s'] * 1e6:.1f} | {r['ours_general_s'] * 1e6:.1f} | "
+                  f"{r.get('ours_device_s', 0) * 1e6:.1f} |")
     if res.get("matmul_variants"):
         md += ["", "| matmul variant | GFLOP/s | % cuBLAS | regs | local bytes |", "|---|---|---|---|---|"]
         for r in res["matmul_variants"]:

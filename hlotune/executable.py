@@ -13,6 +13,9 @@ Map:
                                           other than reshape/bitcast and subgraphs without a compute
                                           definition run on the host (copied there and back, counted in
                                           `exe.report()`)
+  _FastGpuPlan                            cuda: the glue resolved once into one LaunchProgram (pointer table,
+                                          driver-API launches, CUDA graph replay); per call only the arguments
+                                          and the fresh outputs change (used when nothing runs on the host)
 
 The glue is the entry computation of the fused program: parameters, fusion calls, tuples,
 get-tuple-element and a few layout ops (bitcast/reshape of parameters), which are run with the
@@ -372,6 +375,7 @@ class _GpuGlue:
     def __init__(self, exe: Executable):
         self.exe = exe
         self.host_fallbacks: dict[str, int] = {}   # instruction -> times it ran on the host
+        self.fast = _FastGpuPlan.build(exe)        # None: some glue op runs on the host (the general path)
 
     def _args(self, arrays: Sequence[Any]) -> tuple[list, bool]:
         from .codegen.cuda_runtime import as_device, to_device
@@ -384,7 +388,8 @@ class _GpuGlue:
             want = p.array_shape
             what = f"argument {i} ({p.name})"
             if hasattr(a, "__cuda_array_interface__"):
-                out.append(as_device(a, want.dims, want.dtype.np, what))
+                d = as_device(a, want.dims, want.dtype.np, what)
+                out.append(d if d.ptr % 16 == 0 else d.copy())   # kernels read 16-byte vectors (float4)
                 continue
             host = True
             a = np.asarray(a)
@@ -407,8 +412,21 @@ class _GpuGlue:
 
     def __call__(self, arrays: Sequence[Any], host: bool | None = None) -> tuple:
         exe = self.exe
+        fast = self.fast
+        if fast is not None and all(hasattr(type(a), "__cuda_array_interface__") for a in arrays):   # device arrays
+            from .codegen.cuda_runtime import device_pointer
+
+            if len(arrays) != len(fast.arg_specs):
+                raise InputError(f"{exe.model.name} takes {len(fast.arg_specs)} argument(s), got {len(arrays)}")
+            ptrs = [device_pointer(a, *spec) for a, spec in zip(arrays, fast.arg_specs)]
+            if not any(p & 15 for p in ptrs):   # else (a view at an odd offset): aligned copies, below
+                out = fast.run(ptrs)
+                return tuple(y.get() for y in out) if host else out
         args, given_host = self._args(arrays)
         host = given_host if host is None else host
+        if fast is not None:
+            out = fast.run([a.ptr for a in args])
+            return tuple(y.get() for y in out) if host else out
         env: dict[str, Any] = {}
         fresh_ids: set[int] = set()
         for inst in exe._glue.instructions:
@@ -447,6 +465,114 @@ class _GpuGlue:
             return ["  (cuda: every buffer stays on the device)"]
         return [f"  {n:32s} ran on the host {k} time(s) (copied from and back to the device)"
                 for n, k in self.host_fallbacks.items()]
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    """A device buffer of the glue program at build time: its slot in the launch program, shape, dtype and
+    whether it is a fresh output (a new buffer every call, handed to the caller)."""
+
+    slot: int
+    shape: tuple[int, ...]
+    dtype: Any
+    fresh: bool = False
+
+
+class _FastGpuPlan:
+    """The whole glue program as one `LaunchProgram`: every fusion's kernels with their pointers resolved when
+    the executable is built (constants, intermediates, temporaries); per call only the argument pointers and
+    the fresh output buffers change.  Built only when every glue op is a fusion, tuple, get-tuple-element or a
+    view (reshape/bitcast), i.e. nothing runs on the host."""
+
+    def __init__(self):
+        from .codegen.cuda_runtime import LaunchProgram
+
+        self.prog = LaunchProgram()
+        self.arg_slots: list[int] = []
+        self.fresh: list[_Leaf] = []
+        self.result: list[tuple[_Leaf, tuple[int, ...], bool]] = []   # (leaf, shape, copy into a fresh buffer)
+
+    @classmethod
+    def build(cls, exe: Executable) -> _FastGpuPlan | None:
+        if exe._interpreted:
+            return None
+        p = cls()
+        env: dict[str, Any] = {}
+        params = exe.model.module.entry_computation.parameters
+        p.arg_slots = [p.prog.slot() for _ in params]
+        p.arg_specs = [(tuple(x.array_shape.dims), np.dtype(x.array_shape.dtype.np), f"argument {k} ({x.name})")
+                       for k, x in enumerate(params)]
+        for inst in exe._glue.instructions:
+            if inst.op is Op.PARAMETER:
+                k = inst.attr("parameter_number")
+                env[inst.name] = _Leaf(p.arg_slots[k], params[k].array_shape.dims, params[k].array_shape.dtype.np)
+            elif inst.op is Op.FUSION:
+                val = p._fusion(exe, inst, [env[o] for o in inst.operands])
+                if val is None:
+                    return None
+                env[inst.name] = val
+            elif inst.op is Op.TUPLE:
+                env[inst.name] = tuple(env[o] for o in inst.operands)
+            elif inst.op is Op.GET_TUPLE_ELEMENT:
+                env[inst.name] = env[inst.operands[0]][inst.attr("index")]
+            elif inst.op in _GpuGlue._VIEW_OPS and isinstance(env[inst.operands[0]], _Leaf):
+                x = env[inst.operands[0]]
+                env[inst.name] = _Leaf(x.slot, tuple(inst.shape.dims), x.dtype, x.fresh)
+            else:
+                return None
+        taken: set[int] = set()
+        for x, s in zip(_flatten(env[exe._glue.root]), flat_shapes(exe._glue.root_instruction.shape)):
+            if x.fresh and x.slot not in taken:
+                taken.add(x.slot)
+                p.result.append((x, tuple(s.dims), False))
+            else:   # a parameter, an intermediate or a second use: copied into a buffer of its own
+                y = _Leaf(p.prog.slot(), tuple(s.dims), x.dtype, True)
+                p.fresh.append(y)
+                p.prog.copy(y.slot, x.slot, int(np.prod(s.dims, dtype=np.int64)) * np.dtype(x.dtype).itemsize)
+                p.result.append((y, tuple(s.dims), False))
+        p.prog.finish()
+        p._fresh_index = {y.slot: i for i, y in enumerate(p.fresh)}
+        p._fresh_specs = [(y.slot, tuple(int(d) for d in y.shape), np.dtype(y.dtype),
+                           int(np.prod(y.shape, dtype=np.int64)) * np.dtype(y.dtype).itemsize) for y in p.fresh]
+        p._result = [(p._fresh_index[y.slot], shape if tuple(y.shape) != shape else None) for y, shape, _ in p.result]
+        return p
+
+    def _fusion(self, exe: Executable, inst, operands: list) -> Any:
+        sub = exe._subgraphs[inst.name]
+        slots = []
+        for a, (dt, shape) in zip(operands, sub.in_specs):
+            if not isinstance(a, _Leaf) or np.dtype(a.dtype) != np.dtype(dt) or \
+                    int(np.prod(a.shape, dtype=np.int64)) != int(np.prod(shape, dtype=np.int64)):
+                return None
+            slots.append(a.slot)
+        slots += [self.prog.slot(ptr) for ptr in sub._const_ptrs]
+        fresh = exe._fresh.get(inst.name, frozenset())
+        outs = []
+        for k, o in enumerate(sub.outputs):
+            if k in fresh:
+                leaf = _Leaf(self.prog.slot(), tuple(o.shape), o.dtype, True)
+                self.fresh.append(leaf)
+            else:
+                leaf = _Leaf(self.prog.slot(sub._out_ptrs[k]), tuple(o.shape), o.dtype)
+            slots.append(leaf.slot)
+            outs.append(leaf)
+        self.prog.kernel(sub.kernel, slots)
+        return tuple(outs) if sub.is_tuple else outs[0]
+
+    def run(self, ptrs: list[int]) -> tuple:
+        """Run on the checked arguments' device pointers; the outputs as new DeviceArrays."""
+        from .codegen.cuda_runtime import _new_device_array
+
+        slots = self.prog.slots
+        for s, a in zip(self.arg_slots, ptrs):
+            slots[s] = a
+        bufs = []
+        for s, shape, dt, n in self._fresh_specs:
+            b = _new_device_array(shape, dt, n)
+            slots[s] = b.ptr
+            bufs.append(b)
+        self.prog.run((*ptrs, *[b.ptr for b in bufs]))   # the key of a CUDA graph (see LaunchProgram)
+        return tuple(bufs[i] if shape is None else bufs[i].reshape(shape) for i, shape in self._result)
 
 
 def _map_leaves(v: Any, fn) -> Any:

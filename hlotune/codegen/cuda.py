@@ -11,10 +11,15 @@ Map:
                             buffers between uniform program points; loop-carried hazards via two passes)
   _scalarize                scalar replacement: inside a thread loop, a kernel buffer (or global temporary)
                             used at one loop-invariant element (an rfactor partial) lives in a register
+  _gemm_info / gemm_text    the GEMM template: a K-tile loop proven (by evaluating its index expressions) to be the
+                            tiled dot of the default schedule becomes double-buffered shared tiles, float4 global
+                            loads, A transposed in shared memory, one barrier per K tile (`GEMM_TEMPLATE`)
+  _vector_access            affine lane analysis: float4/float2 accesses of a VECTORIZED loop (`vector_store`)
   _Emitter                  statements and expressions -> C text (helpers in PRELUDE); a serial combine loop
                             `B[I] = B[I] op E(v)` at a uniform point (what thread 0 alone would run) becomes
                             a cross-thread reduction: strided per-thread partials, warp shuffles, one shared
-                            slot per warp (`cross_thread_reduce`)
+                            slot per warp (`cross_thread_reduce`); in a block of one warp per threadIdx.y row, warp
+                            shuffles only
 
 Semantics (the same as the CPU backend, `llvm_emit`):
 - A loop bound to blockIdx.* / threadIdx.* runs its iterations in parallel: the variable is the hardware
@@ -26,10 +31,13 @@ Semantics (the same as the CPU backend, `llvm_emit`):
 - A store to a shared or global buffer outside the loops of some launched thread (block) axis runs in
   thread (block) 0 of that axis only, so the sequential meaning is kept (e.g. the final combine of
   rfactor partials).  Local buffers are per thread; a local buffer allocated outside a thread loop and
-  written inside one is promoted to shared memory (its elements are written by different threads).
+  written inside one is promoted to shared memory (its elements are written by different threads), one copy
+  per thread of the thread axes already bound where it is allocated.
 - VTHREAD loops are unrolled serial loops (no interleaving yet); PARALLEL loops are serial inside a kernel;
-  VECTORIZED and UNROLLED loops get `#pragma unroll`, and a serial loop under an `auto_unroll_max_step`
-  pragma too when its fully unrolled size (stores executed) is within the pragma.
+  a VECTORIZED loop of 2 or 4 float32 stores at consecutive aligned elements is one float2/float4 store (with
+  vector loads of the inputs read alike); other VECTORIZED and UNROLLED loops get `#pragma unroll`, and a
+  serial loop under an `auto_unroll_max_step` pragma too when its fully unrolled size (stores executed) is
+  within the pragma.
 - Shared buffers are declared at kernel scope (static up to 48 KB in total, dynamic beyond); barriers are
   only placed at uniform points (not under a thread-dependent `If` or a guarded thread loop).
 - Float arithmetic: nvcc's default (IEEE division and square root, FMA contraction like LLVM's `contract`);
@@ -48,12 +56,13 @@ Semantics (the same as the CPU backend, `llvm_emit`):
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
 
 from ..errors import CompileError
-from ..ir.expr import INDEX, Binary, Cast, Compare, Const, Expr, Load, Select, Unary, Var, walk
+from ..ir.expr import INDEX, Binary, Cast, Compare, Const, Expr, Load, Select, Unary, Var, rebuild, substitute, walk
 from ..ir.hlo import DType, Op
 from ..schedule_space.loop_ir import (
     Allocate,
@@ -254,6 +263,11 @@ class _KernelPlan:
     block: list[int] = field(default_factory=lambda: [1, 1, 1])
     shared: dict[str, Allocate] = field(default_factory=dict)   # shared (and promoted) allocations
     thread_vars: set[str] = field(default_factory=set)
+    #: promoted buffer -> the thread axes bound where it is allocated: one copy per thread of those axes
+    replicas: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def copies(self, buf: str) -> int:
+        return math.prod(self.block[a] for a in self.replicas.get(buf, ()))
 
 
 def _const_extent(f: For) -> int:
@@ -316,11 +330,15 @@ def _children(s: Stmt) -> tuple[Stmt, ...]:
 
 def _promote_locals(kernel: Stmt, p: _KernelPlan) -> None:
     """A local buffer allocated outside a thread loop (of a launched axis) and written inside it holds
-    elements of several threads: it goes to shared memory."""
+    elements of several threads: it goes to shared memory, one copy per thread of the axes already bound where
+    it is allocated (e.g. one per threadIdx.y row of a block whose warps each reduce a row)."""
     def visit(s: Stmt, bound_t: frozenset[int]) -> None:
         if isinstance(s, Allocate) and s.scope != "shared" and s.buffer not in p.shared:
             if _written_under_new_thread_axis(s.body, s.buffer, bound_t, p):
                 p.shared[s.buffer] = s
+                rep = tuple(sorted(a for a in bound_t if p.block[a] > 1))
+                if rep:
+                    p.replicas[s.buffer] = rep
         if isinstance(s, For) and s.kind in _THREAD:
             bound_t = bound_t | {_THREAD[s.kind]}
         for c in _children(s):
@@ -427,6 +445,8 @@ class _Emitter:
         self.locals: set[str] = set()
         self.if_depth = 0         # > 0 under an If (no block-wide barrier may be emitted there)
         self.n_xred = 0           # cross-thread reductions emitted (unique names)
+        self.gemms: dict[str, _Gemm] = {}   # loop var -> GEMM template (`_gemm_loops`)
+        self.n_vec = 0            # vectorized stores emitted (unique names)
 
     def line(self, depth: int, text: str) -> None:
         self.lines.append("  " * depth + text)
@@ -474,6 +494,14 @@ class _Emitter:
                 self.line(d + 1, "}")
             self.line(d, "}")
             return
+        if s.kind is ForKind.VECTORIZED and self.vector_store(s, d, bb, bt):
+            return
+        g = self.gemms.get(s.var.name)
+        if g is not None:
+            acc, a, b = (sanitize(x) for x in (g.acc, g.a, g.b))
+            for ln in gemm_text(g, acc, a, b):
+                self.line(d, ln)
+            return
         red = self._cross_thread_pattern(s, bt)
         if red is not None:
             return self.cross_thread_reduce(s, red, d, bb, bt)
@@ -498,7 +526,10 @@ class _Emitter:
         """(op, E, store) when `s` is `for v in [0, n): B[I] = B[I] op E(v)` at a uniform point of a 1-D block
         of whole warps, with B not thread-local and E reading no thread-local buffer."""
         p = self.plan
-        if bt or self.if_depth or p.block[1] != 1 or p.block[2] != 1 or p.block[0] < 32 or p.block[0] % 32:
+        warp = bt == frozenset({1}) and p.block[0] == 32 and p.block[2] == 1     # one warp per threadIdx.y
+        if not warp and (bt or p.block[1] != 1 or p.block[2] != 1 or p.block[0] < 32 or p.block[0] % 32):
+            return None
+        if self.if_depth:
             return None
         n = s.const_extent
         body = s.body.body[0] if isinstance(s.body, Seq) and len(s.body.body) == 1 else s.body
@@ -552,6 +583,11 @@ class _Emitter:
         self.line(d + 2, f"{acc} = {has} ? {comb} : {x}; {has} = true;")
         self.line(d + 1, "}")
         warp_reduce(d + 1)
+        if bt:   # one warp per threadIdx.y: lane 0 has the total
+            fin = Store(st.buffer, st.indices, Binary(op, Load(st.buffer, st.indices, dt), Var(acc, dt), dt))
+            self.store(fin, d + 1, bb, bt)
+            self.line(d, "}")
+            return
         self.line(d + 1, f"__shared__ {rt} hl_rv{k}[32]; __shared__ int hl_rh{k}[32];")
         self.line(d + 1, f"if ((threadIdx.x & 31) == 0) {{ hl_rv{k}[threadIdx.x >> 5] = {acc}; "
                          f"hl_rh{k}[threadIdx.x >> 5] = (int){has}; }}")
@@ -596,6 +632,80 @@ class _Emitter:
                 text = f"if ({' && '.join(conds)}) {text}"
         self.line(d, text)
 
+    # ---- float4 / float2 stores of a VECTORIZED loop
+    def vector_store(self, s: For, d: int, bb: frozenset[int], bt: frozenset[int]) -> bool:
+        """`for v in [0, V): [if (c)] B[I(v)] = E(v)` with V in (2, 4), B float32 written at consecutive, V-aligned
+        elements (`_lane_form`) and c true for all lanes or none: one float4/float2 store; every float32 load at
+        consecutive aligned elements one vector load, the other loads per lane.  False (emit nothing) otherwise."""
+        nv = s.const_extent
+        if nv not in (2, 4) or not (isinstance(s.min, Const) and s.min.value == 0):
+            return False
+        body = s.body.body[0] if isinstance(s.body, Seq) and len(s.body.body) == 1 else s.body
+        cond = None
+        if isinstance(body, If) and body.otherwise is None:
+            cond = _lane_invariant_cond(body.cond, s.var.name, nv)
+            if cond is None:
+                return False
+            body = body.then.body[0] if isinstance(body.then, Seq) and len(body.then.body) == 1 else body.then
+        if not isinstance(body, Store):
+            return False
+        decl = self.bufs.get(body.buffer)
+        if decl is None or decl.scope == "local" or decl.dtype is not DType.F32:
+            return False
+        v = s.var.name
+        base = _vector_access(body.indices, decl.shape, v, nv)
+        if base is None or base[1] != 1:
+            return False
+        loads: dict[tuple, tuple[str, tuple[Expr, ...]]] = {}
+
+        def vec_load(e: Expr) -> Expr:
+            if isinstance(e, Load):
+                ld = self.bufs.get(e.buffer)
+                if ld is not None and ld.scope != "local" and ld.dtype is DType.F32:
+                    acc = _vector_access(e.indices, ld.shape, v, nv)
+                    if acc is not None and acc[1] == 1:
+                        key = (e.buffer, e.indices)
+                        if key not in loads:
+                            loads[key] = (f"hl_vl{self.n_vec}_{len(loads)}", acc[0])
+                        return Var(f"{loads[key][0]}_{{lane}}", DType.F32)
+            return e
+
+        val = rebuild(body.value, vec_load)
+        vt = "float4" if nv == 4 else "float2"
+        k = self.n_vec
+        self.n_vec += 1
+        comps = "xyzw"
+        guard = self._guard(decl, bb, bt)
+        conds = [c for c in (self.expr(cond) if cond is not None else None, guard) if c]
+        self.line(d, f"{{  // vectorized x{nv}")
+        dd = d + 1
+        if conds:
+            self.line(dd, f"if ({' && '.join(conds)}) {{")
+            dd += 1
+        for (buf, _), (name, idx) in loads.items():
+            off = self.offset(self._decl(buf), idx)
+            self.line(dd, f"const {vt} {name} = *(const {vt}*)&{sanitize(buf)}[{off}];")
+            self.line(dd, "const float " + ", ".join(f"{name}_{j} = {name}.{comps[j]}" for j in range(nv)) + ";")
+        self.line(dd, f"{vt} hl_vs{k};")
+        for j in range(nv):
+            lane = substitute(rebuild(val, lambda n, j=j: Var(n.name.replace("{lane}", str(j)), n.dtype)
+                                      if isinstance(n, Var) and n.name.endswith("_{lane}") else n),
+                              {v: Const(j, INDEX)})
+            self.line(dd, f"hl_vs{k}.{comps[j]} = {self.expr(lane)};")
+        self.line(dd, f"*({vt}*)&{sanitize(body.buffer)}[{self.offset(decl, base[0])}] = hl_vs{k};")
+        if conds:
+            self.line(dd - 1, "}")
+        self.line(d, "}")
+        return True
+
+    def _guard(self, decl: BufferDecl, bb: frozenset[int], bt: frozenset[int]) -> str:
+        """The one-writer condition of a store to a shared or global buffer (see `store`), or ""."""
+        if decl.scope == "local":
+            return ""
+        conds = [f"threadIdx.{_AXIS[a]} == 0" for a in range(3) if a not in bt and self.plan.block[a] > 1]
+        conds += [f"blockIdx.{_AXIS[a]} == 0" for a in range(3) if a not in bb and self.plan.grid[a] > 1]
+        return " && ".join(conds)
+
     def _decl(self, name: str) -> BufferDecl:
         try:
             return self.bufs[name]
@@ -613,6 +723,10 @@ class _Emitter:
                 t = self.expr(idx)
                 terms.append(t if stride == 1 else f"({t}) * {stride}")
             stride *= max(int(n), 1)
+        if decl.scope == "shared":   # a promoted buffer with one copy per thread of the axes bound where allocated
+            for a in self.plan.replicas.get(decl.name, ()):
+                terms.append(f"({self.idx})threadIdx.{_AXIS[a]} * {stride}")
+                stride *= self.plan.block[a]
         return " + ".join(reversed(terms)) if terms else "0"
 
     # ---- expressions (C text of the register type of e.dtype)
@@ -930,6 +1044,350 @@ def const_text(c: Const, idx: str = "long long") -> str:
     return f"(({_reg(dt)}){v})"
 
 
+# ----------------------------------------------------------------------------- vectorized accesses
+
+def _mult(e: Expr) -> int:
+    """A number that provably divides the (non-negative) index expression `e` (0: e is 0)."""
+    if isinstance(e, Const):
+        return abs(int(e.value))
+    if isinstance(e, Binary):
+        if e.op in (Op.ADD, Op.SUBTRACT):
+            return math.gcd(_mult(e.a), _mult(e.b))
+        if e.op is Op.MULTIPLY:
+            return _mult(e.a) * _mult(e.b)
+        if e.op is Op.REMAINDER and isinstance(e.b, Const):
+            return math.gcd(_mult(e.a), abs(int(e.b.value)))
+    return 1
+
+
+def _lane_form(e: Expr, v: str, nv: int) -> tuple[Expr, int] | None:
+    """(base, c) with e == base + c * v for every lane v in [0, nv) (base free of v), or None.  Division and
+    remainder by a constant multiple of nv keep the form when the dividend is base + v with base a multiple of
+    nv (the lanes then share the quotient)."""
+    if isinstance(e, Var):
+        return (Const(0, INDEX), 1) if e.name == v else (e, 0)
+    if isinstance(e, Const):
+        return (e, 0) if e.dtype is INDEX else None
+    if not isinstance(e, Binary) or e.dtype is not INDEX:
+        return None
+    a, b = _lane_form(e.a, v, nv), _lane_form(e.b, v, nv)
+    if a is None or b is None:
+        return None
+    op = e.op
+    if op in (Op.ADD, Op.SUBTRACT):
+        return Binary(op, a[0], b[0], INDEX), a[1] + b[1] if op is Op.ADD else a[1] - b[1]
+    if op is Op.MULTIPLY:
+        if a[1] == 0 and b[1] == 0:
+            return Binary(op, a[0], b[0], INDEX), 0
+        if b[1] == 0 and isinstance(e.b, Const):
+            return Binary(op, a[0], e.b, INDEX), a[1] * int(e.b.value)
+        if a[1] == 0 and isinstance(e.a, Const):
+            return Binary(op, e.a, b[0], INDEX), b[1] * int(e.a.value)
+        return None
+    if op in (Op.DIVIDE, Op.REMAINDER) and isinstance(e.b, Const) and int(e.b.value) > 0 and b[1] == 0:
+        if a[1] == 0:
+            return Binary(op, a[0], e.b, INDEX), 0
+        c = int(e.b.value)
+        if a[1] == 1 and c % nv == 0 and _mult(a[0]) % nv == 0:
+            return Binary(op, a[0], e.b, INDEX), (0 if op is Op.DIVIDE else 1)
+    return None
+
+
+def _vector_access(indices: tuple[Expr, ...], shape: tuple[int, ...], v: str,
+                   nv: int) -> tuple[tuple[Expr, ...], int] | None:
+    """(indices at lane 0, element stride between lanes) of a row-major access whose lane-0 element is a
+    multiple of nv (so a vector of nv elements is aligned), or None."""
+    forms = [_lane_form(i, v, nv) for i in indices]
+    if any(f is None for f in forms):
+        return None
+    stride, coeff, mult = 1, 0, 0
+    for (b, c), n in zip(reversed(forms), reversed(tuple(shape))):
+        coeff += c * stride
+        mult = math.gcd(mult, _mult(b) * stride)
+        stride *= max(int(n), 1)
+    if coeff not in (0, 1) or (coeff == 1 and mult % nv):
+        return None
+    return tuple(b for b, _ in forms), coeff
+
+
+def _lane_invariant_cond(c: Expr, v: str, nv: int) -> Expr | None:
+    """`c` as a condition without the lane var when it has the same value for every lane (`i < N` with i = base
+    + v, base and N multiples of nv: `base < N`), else None."""
+    if v not in _vars(c):
+        return c
+    if isinstance(c, Compare) and c.direction == "LT" and isinstance(c.b, Const) and int(c.b.value) % nv == 0:
+        f = _lane_form(c.a, v, nv)
+        if f is not None and f[1] == 1 and _mult(f[0]) % nv == 0:
+            return Compare("LT", f[0], c.b, c.dtype)
+    if isinstance(c, Binary) and c.op is Op.AND:
+        a, b = _lane_invariant_cond(c.a, v, nv), _lane_invariant_cond(c.b, v, nv)
+        if a is not None and b is not None:
+            return Binary(Op.AND, a, b, c.dtype)
+    return None
+
+
+# ----------------------------------------------------------------------------- GEMM template
+
+#: the GEMM template replaces the generic code of a matching K-tile loop (benchmarks switch it off to compare)
+GEMM_TEMPLATE = True
+
+
+@dataclass(frozen=True)
+class _Gemm:
+    """What the GEMM template needs of one K-tile loop (see `_gemm_info`)."""
+
+    a: str
+    b: str
+    acc: str
+    m: int
+    n: int
+    k: int
+    bm: int
+    bn: int
+    bk: int
+    mr: int
+    nr: int
+    threads: int
+    a_batch: int    # elements between consecutive batches of A (0: A has no batch dimensions)
+    b_batch: int
+
+    @property
+    def shared_bytes(self) -> int:
+        return 4 * 2 * self.bk * (self.bm + 4 + self.bn)
+
+
+class _NoMatch(Exception):
+    pass
+
+
+_IOPS = {Op.ADD: lambda a, b: a + b, Op.SUBTRACT: lambda a, b: a - b, Op.MULTIPLY: lambda a, b: a * b,
+         Op.DIVIDE: lambda a, b: a // b, Op.REMAINDER: lambda a, b: a % b, Op.MAXIMUM: max, Op.MINIMUM: min}
+
+
+def _ival(e: Expr, env: dict[str, int]) -> int:
+    """Value of an index expression (non-negative operands) under `env`; _NoMatch for anything else."""
+    if isinstance(e, Var):
+        if e.name not in env:
+            raise _NoMatch(e.name)
+        return env[e.name]
+    if isinstance(e, Const) and e.dtype is INDEX:
+        return int(e.value)
+    if isinstance(e, Binary) and e.op in _IOPS:
+        return _IOPS[e.op](_ival(e.a, env), _ival(e.b, env))
+    raise _NoMatch(type(e).__name__)
+
+
+def _store_paths(s: Stmt, loops: tuple[For, ...] = ()):
+    """(store, loops around it inside `s`) for every Store; _NoMatch under an If or a non-constant loop."""
+    if isinstance(s, Store):
+        yield s, loops
+    elif isinstance(s, For):
+        if s.const_extent is None or not (isinstance(s.min, Const) and s.min.value == 0):
+            raise _NoMatch("loop bounds")
+        yield from _store_paths(s.body, (*loops, s))
+    elif isinstance(s, Seq | Allocate):
+        for c in _children(s):
+            yield from _store_paths(c, loops)
+    elif not isinstance(s, Barrier):
+        raise _NoMatch(type(s).__name__)
+
+
+def _flat(idx: list[int], shape: tuple[int, ...]) -> int:
+    f = 0
+    for i, n in zip(idx, shape):
+        f = f * n + i
+    return f
+
+
+def _points(loops: tuple[For, ...], base: dict[str, int]):
+    """Every iteration of `loops` (a loop bound to threadIdx.x: every thread) as an environment over `base`."""
+    names = [f.var.name for f in loops]
+    for vals in itertools.product(*[range(int(f.const_extent)) for f in loops]):
+        env = dict(base)
+        env.update(zip(names, vals))
+        yield env
+
+
+def _gemm_info(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _Gemm | None:
+    """The GEMM template's parameters when the serial loop `s` is, in a 1-D grid of 1-D blocks of T threads, a
+    K-tile loop of the tiled-dot structure: a cooperative fetch of a (BM, BK) tile of A (row-major (batch.., M,
+    K) float32) and a (BK, BN) tile of B ((batch.., K, N)) into shared memory, then acc[MR, NR] += A.shared *
+    B.shared, each thread owning rows (tid / TJ) * MR + [0, MR) and columns (tid % TJ) * NR + [0, NR) of the
+    block's tile (block = (batch, tile row, tile column), row-major).  The index expressions are checked by
+    evaluating them over every fetch and compute iteration (for the first and last block and K tile), so any
+    other mapping keeps the generic code.  `hw`: loop var -> "bid" / "tid" (blockIdx.x / threadIdx.x loops)."""
+    if not GEMM_TEMPLATE or s.kind is not ForKind.SERIAL or s.const_extent is None:
+        return None
+    if not (isinstance(s.min, Const) and s.min.value == 0) or plan.block[1:] != [1, 1] or plan.grid[1:] != [1, 1]:
+        return None
+    try:
+        return _gemm_check(s, bufs, plan, hw)
+    except _NoMatch:
+        return None
+
+
+def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _Gemm | None:
+    paths = list(_store_paths(s.body))
+    shared = {a.buffer: a for a in walk_stmts(s.body) if isinstance(a, Allocate) and a.scope == "shared"}
+    comp = [(x, lp) for x, lp in paths if x.buffer not in shared]
+    if len(comp) != 1 or len(paths) != 3 or len(shared) != 2:
+        return None
+    st, cloops = comp[0]
+    v = st.value
+    if not (isinstance(v, Binary) and v.op is Op.ADD and isinstance(v.a, Load) and v.a.buffer == st.buffer
+            and v.a.indices == st.indices and isinstance(v.b, Binary) and v.b.op is Op.MULTIPLY
+            and isinstance(v.b.a, Load) and isinstance(v.b.b, Load)):
+        return None
+    la_, lb_ = v.b.a, v.b.b
+    acc = bufs.get(st.buffer)
+    sa, sb = shared.get(la_.buffer), shared.get(lb_.buffer)
+    if acc is None or acc.scope != "local" or acc.dtype is not DType.F32 or sa is None or sb is None or sa is sb:
+        return None
+    fetch = {x.buffer: (x, lp) for x, lp in paths if x.buffer in shared}
+    fa, fb = fetch[sa.buffer], fetch[sb.buffer]
+    if not (isinstance(fa[0].value, Load) and isinstance(fb[0].value, Load)):
+        return None
+    ga, gb = bufs.get(fa[0].value.buffer), bufs.get(fb[0].value.buffer)
+    if ga is None or gb is None or ga.scope != "global" or gb.scope != "global" or ga.dtype is not DType.F32 \
+            or gb.dtype is not DType.F32 or len(ga.shape) < 2 or len(gb.shape) < 2:
+        return None
+    if any(x != 1 for x in (*sa.shape[:-2], *sb.shape[:-2], *acc.shape[:-2])) or len(acc.shape) < 2:
+        return None
+    (m, k), (k2, n) = ga.shape[-2:], gb.shape[-2:]
+    (bm, bk), (bk2, bn) = sa.shape[-2:], sb.shape[-2:]
+    mr, nr = acc.shape[-2:]
+    t = plan.block[0]
+    kt = int(s.const_extent)
+    if k != k2 or bk != bk2 or bm % mr or bn % nr or (bm // mr) * (bn // nr) != t or m % bm or n % bn:
+        return None
+    if k % bk or kt != k // bk or bk % 4 or bn % 4 or n % 4 or k % 4:
+        return None
+    if any(x % t and t % x for x in (bm * bk // 4, bk * bn // 4)):   # float4s per tile: a multiple or a divisor of T
+        return None
+    tiles = (m // bm) * (n // bn)
+    nbat = plan.grid[0] // tiles
+    if nbat * tiles != plan.grid[0] or any(math.prod(g.shape[:-2]) not in (1, nbat) for g in (ga, gb)):
+        return None
+    g = _Gemm(ga.name, gb.name, st.buffer, m, n, k, bm, bn, bk, mr, nr, t,
+              m * k if len(ga.shape) > 2 and nbat > 1 else 0, k * n if len(gb.shape) > 2 and nbat > 1 else 0)
+    if g.shared_bytes > STATIC_SHARED_LIMIT:
+        return None
+    bids = [x for x, kd in hw.items() if kd == "bid"]
+    tids = [x for x, kd in hw.items() if kd == "tid"]
+    tj = bn // nr
+    # the compute: every (i, j, kk) exactly once per thread, at the template's rows / columns
+    for tid in (0, t - 1, t // 2 + 1):
+        seen = set()
+        for env in _points(cloops, {**{x: tid for x in tids}, s.var.name: 0}):
+            i, j = divmod(_flat([_ival(x, env) for x in st.indices], acc.shape), nr)
+            p, q = (_ival(x, env) for x in la_.indices[-2:])
+            q2, c = (_ival(x, env) for x in lb_.indices[-2:])
+            if (p != (tid // tj) * mr + i or c != (tid % tj) * nr + j or q != q2 or not 0 <= q < bk
+                    or any(_ival(x, env) for x in (*la_.indices[:-2], *lb_.indices[:-2]))):
+                return None
+            seen.add((i, j, q))
+        if len(seen) != mr * nr * bk or math.prod(int(f.const_extent) for f in cloops) != len(seen):
+            return None
+    # the fetches: every element of the tile, from A[bb, bi * BM + p, kt * BK + q] (B likewise)
+    for bid, ktv in ((0, 0), (plan.grid[0] - 1, kt - 1)):
+        bb, rest = divmod(bid, tiles)
+        bi, bj = divmod(rest, n // bn)
+        for (fs, lp), gd, rows, cols, r0, c0 in ((fa, ga, bm, bk, bi * bm, ktv * bk),
+                                                  (fb, gb, bk, bn, ktv * bk, bj * bn)):
+            seen = set()
+            base = {**{x: bid for x in bids}, s.var.name: ktv}
+            for env in _points(lp, base):
+                p, q = (_ival(x, env) for x in fs.indices[-2:])
+                src = [_ival(x, env) for x in fs.value.indices]
+                if src[-2:] != [r0 + p, c0 + q] or not (0 <= p < rows and 0 <= q < cols):
+                    return None
+                if len(src) > 2 and _flat(src[:-2], gd.shape[:-2]) != (bb if math.prod(gd.shape[:-2]) > 1 else 0):
+                    return None
+                seen.add((p, q))
+            if len(seen) != rows * cols:
+                return None
+    return g
+
+
+def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
+    """CUDA C lines of the GEMM template: double-buffered shared tiles (one barrier per K tile, the next tile
+    loaded into registers while the current one is computed), float4 global loads, A stored transposed in
+    shared memory so that both operands are read as float4; acc[i * NR + j] += A[row, k] * B[k, col] for the
+    thread's rows (tile row * BM + (tid / TJ) * MR + i) and columns (tile col * BN + (tid % TJ) * NR + j)."""
+    tj = g.bn // g.nr
+    na, nb = g.bm * g.bk // 4, g.bk * g.bn // 4        # float4s per tile
+    la, lb = max(1, na // g.threads), max(1, nb // g.threads)
+    ga = f"if (hl_tid < {na}) " if na < g.threads else ""
+    gb = f"if (hl_tid < {nb}) " if nb < g.threads else ""
+    ap = g.bm + 4      # padded row of the transposed A tile
+    nbj, nbi = g.n // g.bn, g.m // g.bm
+    kt = g.k // g.bk
+    o = [f"{{  // GEMM template: {g.bm}x{g.bn}x{g.bk} tile, {g.mr}x{g.nr} per thread, double-buffered",
+         f"  __shared__ __align__(16) float hl_As[2][{g.bk}][{ap}];",
+         f"  __shared__ __align__(16) float hl_Bs[2][{g.bk}][{g.bn}];",
+         "  const int hl_tid = threadIdx.x, hl_bid = blockIdx.x;",
+         f"  const int hl_bj = hl_bid % {nbj}, hl_bi = (hl_bid / {nbj}) % {nbi}, hl_bb = hl_bid / {nbj * nbi};",
+         f"  const float* __restrict__ hl_A = {a} + (long long)hl_bb * {g.a_batch}LL + (long long)hl_bi * "
+         f"{g.bm * g.k}LL;",
+         f"  const float* __restrict__ hl_B = {b} + (long long)hl_bb * {g.b_batch}LL + hl_bj * {g.bn};",
+         f"  const int hl_r0 = (hl_tid / {tj}) * {g.mr}, hl_c0 = (hl_tid % {tj}) * {g.nr};",
+         f"  float4 hl_ra[{la}], hl_rb[{lb}];"]
+    # A float4 number q = tid + l*T: row q / (BK/4), k offset (q % (BK/4)) * 4; B: row q / (BN/4), col (q % (BN/4))*4
+    ka, nb4 = g.bk // 4, g.bn // 4
+
+    def load(kexpr: str) -> list[str]:
+        out = []
+        for q in range(la):
+            out.append(f"    {ga}{{ const int q = hl_tid + {q * g.threads}; hl_ra[{q}] = __ldg((const float4*)(hl_A + "
+                       f"(q / {ka}) * {g.k} + {kexpr} * {g.bk} + (q % {ka}) * 4)); }}")
+        for q in range(lb):
+            out.append(f"    {gb}{{ const int q = hl_tid + {q * g.threads}; hl_rb[{q}] = __ldg((const float4*)(hl_B + "
+                       f"({kexpr} * {g.bk} + q / {nb4}) * {g.n} + (q % {nb4}) * 4)); }}")
+        return out
+
+    def store(buf: str) -> list[str]:
+        out = []
+        for q in range(la):
+            out.append(f"    {ga}{{ const int q = hl_tid + {q * g.threads}, r = q / {ka}, c = (q % {ka}) * 4;")
+            out.append(f"      hl_As[{buf}][c][r] = hl_ra[{q}].x; hl_As[{buf}][c + 1][r] = hl_ra[{q}].y; "
+                       f"hl_As[{buf}][c + 2][r] = hl_ra[{q}].z; hl_As[{buf}][c + 3][r] = hl_ra[{q}].w; }}")
+        for q in range(lb):
+            out.append(f"    {gb}{{ const int q = hl_tid + {q * g.threads}; "
+                       f"*(float4*)&hl_Bs[{buf}][q / {nb4}][(q % {nb4}) * 4] = hl_rb[{q}]; }}")
+        return out
+
+    def frag(name: str, arr: str, n: int, base: str) -> list[str]:
+        out = [f"      float {name}[{n}];"]
+        if n % 4 == 0:
+            for v in range(0, n, 4):
+                out.append(f"      {{ const float4 t = *(const float4*)&{arr}[{base} + {v}]; {name}[{v}] = t.x; "
+                           f"{name}[{v + 1}] = t.y; {name}[{v + 2}] = t.z; {name}[{v + 3}] = t.w; }}")
+        else:
+            out += [f"      {name}[{v}] = {arr}[{base} + {v}];" for v in range(n)]
+        return out
+
+    o += ["  {", *load("0"), *store("0"), "  }", "  __syncthreads();",
+          f"  for (int hl_kt = 0; hl_kt < {kt}; ++hl_kt) {{",
+          "    const int hl_cur = hl_kt & 1;",
+          f"    if (hl_kt + 1 < {kt}) {{", *["  " + x for x in load("(hl_kt + 1)")], "    }",
+          "    #pragma unroll",
+          f"    for (int hl_kk = 0; hl_kk < {g.bk}; ++hl_kk) {{",
+          *frag("hl_a", "hl_As[hl_cur][hl_kk]", g.mr, "hl_r0"),
+          *frag("hl_b", "hl_Bs[hl_cur][hl_kk]", g.nr, "hl_c0"),
+          "      #pragma unroll",
+          f"      for (int i = 0; i < {g.mr}; ++i) {{",
+          "        #pragma unroll",
+          f"        for (int j = 0; j < {g.nr}; ++j) {acc}[i * {g.nr} + j] = {acc}[i * {g.nr} + j] + "
+          "hl_a[i] * hl_b[j];",
+          "      }",
+          "    }",
+          f"    if (hl_kt + 1 < {kt}) {{", *["  " + x for x in store("hl_cur ^ 1")], "    }",
+          "    __syncthreads();",
+          "  }",
+          "}"]
+    return o
+
+
 # ----------------------------------------------------------------------------- the module
 
 def _index_type(func: LoopFunc, temps: list[Allocate]) -> str:
@@ -987,6 +1445,7 @@ def _kernel(name: str, kern: Stmt, params: dict[str, BufferDecl], inputs: set[st
     plan = _plan(kern, name)
     kern = _sync(kern, plan, name)
     _check_barriers(kern, plan, name)
+    gemms = _gemm_loops(kern, params, plan)
     r, w = _accesses(kern)
     allocated = {a.buffer for a in walk_stmts(kern) if isinstance(a, Allocate)}
     used = [n for n in params if n in (r | w) and n not in allocated]
@@ -994,6 +1453,7 @@ def _kernel(name: str, kern: Stmt, params: dict[str, BufferDecl], inputs: set[st
         if n in inputs:
             raise CompileError(f"kernel {name} writes its input {n!r}")
     em = _Emitter(name, {n: params[n] for n in used}, plan, "hl_idx", idx)
+    em.gemms = gemms
     threads = plan.block[0] * plan.block[1] * plan.block[2]
     sig = []
     for n in used:
@@ -1003,24 +1463,54 @@ def _kernel(name: str, kern: Stmt, params: dict[str, BufferDecl], inputs: set[st
     # shared buffers at kernel scope
     decls = []
     off = 0
-    total = sum(_align16(max(1, math.prod(a.shape)) * _BYTES[a.dtype]) for a in plan.shared.values())
+    total = sum(_align16(max(1, math.prod(a.shape)) * plan.copies(a.buffer) * _BYTES[a.dtype])
+                for a in plan.shared.values())
+    total += sum(g.shared_bytes for g in gemms.values())
     dynamic = total > STATIC_SHARED_LIMIT
     if dynamic:
         decls.append("extern __shared__ __align__(16) unsigned char hl_smem[];")
     for a in plan.shared.values():
-        n = max(1, math.prod(a.shape))
+        n = max(1, math.prod(a.shape)) * plan.copies(a.buffer)
         if dynamic:
             decls.append(f"{ctype(a.dtype)}* {sanitize(a.buffer)} = ({ctype(a.dtype)}*)(hl_smem + {off});")
             off += _align16(n * _BYTES[a.dtype])
         else:
             decls.append(f"__shared__ __align__(16) {ctype(a.dtype)} {sanitize(a.buffer)}[{n}];")
-    lines = [f'extern "C" __global__ void __launch_bounds__({threads}) {name}({", ".join(sig)}) {{']
+    bounds = f"{threads}, 2" if gemms and threads <= 256 else f"{threads}"   # GEMM: at most 128 registers
+    lines = [f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({", ".join(sig)}) {{']
     lines += ["  " + x for x in decls]
     em.stmt(kern, 1, frozenset(), frozenset())
     lines += em.lines
     lines.append("}")
     launch = Launch(name, tuple(plan.grid), tuple(plan.block), total, total if dynamic else 0, tuple(used))
     return "\n".join(lines) + "\n", launch
+
+
+def _gemm_loops(kern: Stmt, params: dict[str, BufferDecl], plan: _KernelPlan) -> dict[str, _Gemm]:
+    """Loop var -> GEMM template parameters of the K-tile loops of `kern` that match the template; their
+    shared tiles leave `plan.shared` (the template declares its own, double-buffered)."""
+    decls = dict(params)
+    for a in walk_stmts(kern):
+        if isinstance(a, Allocate):
+            decls[a.buffer] = BufferDecl(a.buffer, a.shape, a.dtype, "shared" if a.buffer in plan.shared else "local")
+    out: dict[str, _Gemm] = {}
+    hw = {f.var.name: ("bid" if f.kind is ForKind.BLOCK_X else "tid") for f in walk_stmts(kern)
+          if isinstance(f, For) and f.kind in (ForKind.BLOCK_X, ForKind.THREAD_X)}
+    for f in walk_stmts(kern):
+        if isinstance(f, For) and f.kind is ForKind.SERIAL:
+            g = _gemm_info(f, decls, plan, hw)
+            if g is not None:
+                out[f.var.name] = g
+    if out:
+        inner = {a.buffer for f in walk_stmts(kern) if isinstance(f, For) and f.var.name in out
+                 for a in walk_stmts(f.body) if isinstance(a, Allocate)}
+        rest = sum(_align16(max(1, math.prod(a.shape)) * _BYTES[a.dtype]) for n, a in plan.shared.items()
+                   if n not in inner)
+        if rest + sum(g.shared_bytes for g in out.values()) > STATIC_SHARED_LIMIT:
+            return {}
+        for n in inner:
+            plan.shared.pop(n, None)
+    return out
 
 
 def _align16(n: int) -> int:

@@ -10,6 +10,9 @@ Map:
                                    device arrays (anything with __cuda_array_interface__, used in place);
                                    `launch(*pointers)`, `time(*device_arrays)` (CUDA events)
   time_launches(fn, ...)           CUDA-event timing of any zero-argument launcher
+  LaunchProgram                    a whole model's launches over a pointer table: driver-API launches by ctypes
+                                   (`cuLaunchKernel`), a CUDA graph per pointer set seen twice (`USE_GRAPHS`)
+  device_pointer(obj, shape, dtype)  checked device pointer of a DeviceArray / torch tensor / CAI object
   DeviceArray                      a device buffer from the memory pool (shape, dtype, __cuda_array_interface__,
                                    `get()` -> numpy); `to_device(np)`, `empty_device(shape, dtype)`,
                                    `as_device(obj)` (a view of any __cuda_array_interface__ object)
@@ -25,6 +28,7 @@ same cache and the same flags serve the no-GPU compile tests and the GPU runs.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import hashlib
 import os
 import re
@@ -42,7 +46,7 @@ from .. import config
 from ..errors import CompileError, InputError, UnsupportedError
 from ..schedule_space.loop_ir import LoopFunc
 from ..target import Target, register_detector
-from .cuda import CudaSource, generate_cuda
+from .cuda import CudaSource, Launch, generate_cuda
 
 NVCC_OPTIONS = ("-O3", "--std=c++17")
 _LOCK = threading.Lock()
@@ -193,6 +197,8 @@ class CudaKernel:
         self.compile_seconds = compile_seconds
         drv = _drv()
         context()
+        self.cubin = cubin
+        self._driver_fns: list | None = None
         self._module = drv.module_from_buffer(cubin)
         self._launches: list[_Loaded] = []
         for ln in source.launches:
@@ -247,6 +253,28 @@ class CudaKernel:
                 self._temps[t.name] = drv.mem_alloc(n)
         return {k: int(v) for k, v in self._temps.items()}
 
+    def driver_functions(self) -> list[tuple[int, Launch]]:
+        """(CUfunction handle, launch) of every kernel, loaded through the driver API (`LaunchProgram`)."""
+        if self._driver_fns is None:
+            cu = _culib()
+            context()
+            mod = ctypes.c_void_p()
+            _cu_check(cu.cuModuleLoadData(ctypes.byref(mod), self.cubin), "cuModuleLoadData")
+            self._cu_module = mod
+            out = []
+            for ln in self.source.launches:
+                fn = ctypes.c_void_p()
+                _cu_check(cu.cuModuleGetFunction(ctypes.byref(fn), mod, ln.name.encode()), "cuModuleGetFunction")
+                if ln.dynamic_shared_bytes > 48 * 1024:   # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                    _cu_check(cu.cuFuncSetAttribute(fn, 8, ln.dynamic_shared_bytes), "cuFuncSetAttribute")
+                out.append((fn.value, ln))
+            self._driver_fns = out
+        return self._driver_fns
+
+    def temp_pointers(self) -> dict[str, int]:
+        """Device pointers of the kernel's global temporaries (allocated once)."""
+        return self._temp_ptrs()
+
     def call_unchecked(self, ptrs) -> None:
         """Launch on raw device pointers in parameter order (inputs then outputs), no checks (the whole-model
         executable's own buffers)."""
@@ -286,6 +314,9 @@ class CudaKernel:
                                      f"{cai['typestr']}{tuple(cai['shape'])}, expected {dtype}{shape}")
                 if cai.get("strides") is not None and tuple(cai["strides"]) != _c_strides(shape, dtype):
                     raise InputError(f"buffer {name!r} of kernel {self.func.name}: device array is not contiguous")
+                if int(cai["data"][0]) % 16:
+                    raise InputError(f"buffer {name!r} of kernel {self.func.name}: device array is not 16-byte "
+                                     f"aligned (kernels use float4 accesses)")
                 ptrs[name] = int(cai["data"][0])
                 continue
             if is_out and not isinstance(a, np.ndarray):
@@ -348,6 +379,159 @@ def time_launches(fn, warmup: int = 3, min_time: float = 0.05, repeat: int = 5) 
         stop.synchronize()
         out.append(stop.time_since(start) / 1e3 / n)
     return out
+
+
+# ----------------------------------------------------------------------------- launch programs (driver API)
+
+@cache
+def _culib():
+    """libcuda through ctypes (cuLaunchKernel and friends), for launches with little Python per kernel."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise UnsupportedError(f"the CUDA driver library is not loadable: {e}") from None
+    vp, u = ctypes.c_void_p, ctypes.c_uint
+    lib.cuModuleLoadData.argtypes = [ctypes.POINTER(vp), ctypes.c_char_p]
+    lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_char_p]
+    lib.cuFuncSetAttribute.argtypes = [vp, ctypes.c_int, ctypes.c_int]
+    lib.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
+    lib.cuMemcpyDtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, vp]
+    lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    lib.cuStreamCreate.argtypes = [ctypes.POINTER(vp), u]
+    lib.cuStreamBeginCapture_v2.argtypes = [vp, ctypes.c_int]
+    lib.cuStreamEndCapture.argtypes = [vp, ctypes.POINTER(vp)]
+    lib.cuGraphInstantiateWithFlags.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_ulonglong]
+    lib.cuGraphLaunch.argtypes = [vp, vp]
+    lib.cuGraphDestroy.argtypes = [vp]
+    lib.cuGraphExecDestroy.argtypes = [vp]
+    return lib
+
+
+def _cu_check(rc: int, what: str) -> None:
+    if rc:
+        msg = ctypes.c_char_p()
+        _culib().cuGetErrorString(rc, ctypes.byref(msg))
+        raise RuntimeError(f"CUDA error {rc} in {what}: {(msg.value or b'?').decode()}")
+
+
+#: LaunchProgram.run(key): replay a CUDA graph for a pointer set seen before (captured on its second use)
+USE_GRAPHS = True
+GRAPH_CACHE = 16      # graphs kept per program (least recently captured dropped first)
+
+
+class LaunchProgram:
+    """A fixed sequence of kernel launches and device-to-device copies over a table of pointer slots (a numpy
+    uint64 array; kernel arguments point into it), run with one ctypes call per launch: a whole model's kernels
+    cost a few microseconds of Python per call.  Build: `slot(value)`, `kernel(k, slots)`, `copy(dst, src, n)`,
+    `finish()`; run: write the changing pointers into `slots`, then `run(key)` with `key` the tuple of those
+    pointers: the second time a key is seen the launches are captured into a CUDA graph (stream capture,
+    instantiated once), and from then on that key replays the graph with one driver call (`graph_launches`
+    counts them); other keys launch kernel by kernel.  The graph holds the pointer values of its key, and every
+    other pointer (constants, intermediates, temporaries) never changes, so a replay is exactly the launches."""
+
+    def __init__(self):
+        self._init: list[int] = []
+        self._steps: list[tuple] = []
+        self.slots: np.ndarray | None = None
+        self._calls: list[tuple] = []
+        self.n_kernels = 0
+        self._graphs: dict[tuple, int] = {}
+        self._seen: dict[tuple, int] = {}
+        self._stream = None
+        self.graph_launches = 0
+        self.captures = 0
+
+    def slot(self, value: int = 0) -> int:
+        """A new slot (its index), holding `value` until changed."""
+        self._init.append(int(value))
+        return len(self._init) - 1
+
+    def kernel(self, k: CudaKernel, slots: list[int]) -> None:
+        """Launch every kernel of `k` with its parameters (inputs then outputs, `k.func.params` order) in `slots`."""
+        names = [p.name for p in k.func.params]
+        temps = {n: self.slot(v) for n, v in k.temp_pointers().items()}
+        for fn, ln in k.driver_functions():
+            args = [slots[names.index(n)] if n in names else temps[n] for n in ln.params]
+            self._steps.append(("k", fn, ln, args))
+            self.n_kernels += 1
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        self._steps.append(("c", dst, src, nbytes))
+
+    def finish(self) -> LaunchProgram:
+        self.slots = np.array(self._init, dtype=np.uint64)
+        base = self.slots.ctypes.data
+        cu = _culib()
+        for st in self._steps:
+            if st[0] == "k":
+                _, fn, ln, args = st
+                params = (ctypes.c_void_p * max(1, len(args)))(*[base + 8 * a for a in args])
+                self._calls.append((cu.cuLaunchKernel, (fn, *ln.grid, *ln.block, ln.dynamic_shared_bytes, None,
+                                                        params, None), params))
+            else:
+                _, dst, src, n = st
+                self._calls.append((self._copy, (dst, src, n), None))
+        return self
+
+    def _copy(self, dst: int, src: int, n: int, stream=None) -> int:
+        s = self.slots
+        return _culib().cuMemcpyDtoDAsync_v2(int(s[dst]), int(s[src]), n, stream)
+
+    def run(self, key: tuple | None = None) -> None:
+        """Launch everything on the default stream (asynchronous); `key`: the pointers written into `slots` for
+        this call (a CUDA graph per key seen twice, see the class)."""
+        if key is not None and USE_GRAPHS:
+            g = self._graphs.get(key)
+            if g is None and self._seen.get(key, 0) >= 1:
+                g = self._capture(key)
+            if g is not None:
+                rc = _culib().cuGraphLaunch(g, None)
+                if rc == 0:
+                    self.graph_launches += 1
+                    return
+                _cu_check(rc, "cuGraphLaunch")
+            if len(self._seen) > 4096:
+                self._seen.clear()
+            self._seen[key] = self._seen.get(key, 0) + 1
+        for fn, args, _ in self._calls:
+            rc = fn(*args)
+            if rc:
+                if rc == 201:   # CUDA_ERROR_INVALID_CONTEXT: this thread has no current context yet
+                    context()
+                    rc = fn(*args)
+                _cu_check(rc, "cuLaunchKernel")
+
+    def _capture(self, key: tuple) -> int | None:
+        """A CUDA graph of the launches with the current slot values (None where capture fails: the caller then
+        launches kernel by kernel)."""
+        cu = _culib()
+        if self._stream is None:
+            st = ctypes.c_void_p()
+            _cu_check(cu.cuStreamCreate(ctypes.byref(st), 1), "cuStreamCreate")   # CU_STREAM_NON_BLOCKING
+            self._stream = st
+        st = self._stream
+        if cu.cuStreamBeginCapture_v2(st, 1):    # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+            return None
+        ok = True
+        for fn, args, _ in self._calls:
+            if fn is self._copy:
+                ok = ok and fn(*args, st) == 0
+            else:
+                ok = ok and fn(*args[:8], st, *args[9:]) == 0
+        graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
+        rc = cu.cuStreamEndCapture(st, ctypes.byref(graph))
+        if rc or not ok:
+            return None
+        rc = cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, 0)
+        cu.cuGraphDestroy(graph)
+        if rc:
+            return None
+        if len(self._graphs) >= GRAPH_CACHE:
+            old = next(iter(self._graphs))
+            cu.cuGraphExecDestroy(self._graphs.pop(old))
+        self._graphs[key] = exe.value
+        self.captures += 1
+        return exe.value
 
 
 # ----------------------------------------------------------------------------- device arrays
@@ -458,6 +642,41 @@ def as_device(obj, shape=None, dtype=None, what: str = "argument") -> DeviceArra
     return d
 
 
+def device_pointer(obj, shape: tuple[int, ...], dtype: np.dtype, what: str = "argument") -> int:
+    """The device pointer of `obj` (a DeviceArray, a CUDA torch.Tensor or anything with
+    __cuda_array_interface__), checked against `shape` and `dtype` and for C-contiguity; InputError otherwise.
+    The whole-model fast path: a torch tensor is read through `data_ptr()` (its __cuda_array_interface__ is a
+    Python property costing several microseconds)."""
+    if isinstance(obj, DeviceArray):
+        if obj.shape != shape or obj.dtype != dtype:
+            raise InputError(f"{what}: expected {np.dtype(dtype)}{list(shape)}, got {obj.dtype}{list(obj.shape)}")
+        return obj.ptr
+    if getattr(obj, "is_cuda", False) and hasattr(obj, "data_ptr"):   # torch.Tensor
+        dt = _TORCH_DTYPES.get(obj.dtype)
+        if dt is None:
+            try:
+                dt = _TORCH_DTYPES[obj.dtype] = np.dtype(str(obj.dtype).rpartition(".")[2])
+            except TypeError:
+                dt = _TORCH_DTYPES[obj.dtype] = np.dtype("V1")
+        if tuple(obj.shape) != shape or dt != dtype:
+            raise InputError(f"{what}: expected {np.dtype(dtype)}{list(shape)}, got {obj.dtype}{list(obj.shape)}")
+        if not obj.is_contiguous():
+            raise InputError(f"{what}: device array is not C-contiguous")
+        return obj.data_ptr()
+    return as_device(obj, shape, dtype, what).ptr
+
+
+_TORCH_DTYPES: dict = {}
+
+
+def _new_device_array(shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> DeviceArray:
+    """empty_device without the argument normalisation (shape a tuple of ints, dtype a numpy dtype)."""
+    mem = _pool().allocate(max(1, nbytes))
+    d = DeviceArray.__new__(DeviceArray)
+    d.shape, d.dtype, d.ptr, d._owner = shape, dtype, int(mem), mem
+    return d
+
+
 def synchronize() -> None:
     """Wait for all work on the device."""
     context()
@@ -515,6 +734,6 @@ def build_cuda(func: LoopFunc, target: Target | None = None, *, context: str | N
     return k
 
 
-__all__ = ["build_cuda", "CudaKernel", "compile_cubin", "detect_cuda_target", "nvcc_version", "time_launches",
-           "DeviceArray", "empty_device", "to_device", "as_device", "synchronize", "source_artifact",
-           "kernel_from_artifact"]
+__all__ = ["build_cuda", "CudaKernel", "LaunchProgram", "compile_cubin", "detect_cuda_target", "nvcc_version",
+           "time_launches", "DeviceArray", "device_pointer", "empty_device", "to_device", "as_device", "synchronize",
+           "source_artifact", "kernel_from_artifact"]

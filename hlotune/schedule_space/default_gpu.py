@@ -6,11 +6,13 @@ Map:
                           computing an MR x NR register tile of Rd (local), Rd's reduction split by BK;
                           for plain products of two inputs, shared-memory tiles of both (cache_read,
                           cooperative fetch by all threads of the block at each BK step)
-  _row_reduction(R)       one block per output row: rfactor over threadIdx.x (partials in shared memory,
-                          combined by thread 0)
+  _row_reduction(R)       rows up to 2048 long (>= 1024 rows): one warp per row, 8 rows per block
+                          (threadIdx.x lanes, threadIdx.y rows, warp shuffles); longer rows: one block per row,
+                          rfactor over threadIdx.x (cross-thread reduction of the partials)
   _column_reduction(R)    outputs spread over threads (serial reduction per thread; coalesced reads)
   _full_reduction(R)      partial sums per (block, thread) into a global temporary, then one combine
-  _elementwise(S)         fuse, then blockIdx.x / several elements per thread (unrolled) / threadIdx.x
+  _elementwise(S)         fuse, then blockIdx.x / [2 unrolled] / threadIdx.x / vectorized 4 (float4 loads and
+                          stores) where 4 divides the size; else blockIdx.x / unrolled / threadIdx.x
 
 Rules: non-output elementwise stages are inlined into their consumers (no kernel and no round trip
 through device memory); every other stage is a kernel of its own (lowered at root), except a tiled
@@ -65,12 +67,14 @@ def default_gpu_schedule(cd: ComputeDef, target: Target | None = None, rng=None,
 _RNG = None
 _OPTS: dict = {}
 SMS = 132              # SM count assumed when no cuda target is given (H200)
-#: per-thread tile MR x NR, thread grid TI x TJ (TJ = 32: one warp spans a row of the block tile, so the
-#: shared-memory reads of B are consecutive float4s and A's are broadcasts), preferred first; the first
-#: that divides the output and gives at least one block per SM is taken
-#: (measured on an H200: 8x4 per thread, 8x32 threads, BK 16 gave 34.8 TFLOP/s at 4096^3 and 28.8 at 1024^3,
-#: against 29.7 for 16x4 and 22.0 for the earlier 8x8 per thread with 16x16 threads and BK 8)
-_WARP_ROW_TILES = ((8, 4, 8, 32), (4, 4, 8, 32), (4, 4, 4, 32), (2, 4, 4, 32), (1, 4, 4, 32))
+#: (MR, NR, TI, TJ, BK, waves): per-thread tile MR x NR, thread grid TI x TJ (TJ = 32: one warp spans a row of
+#: the block tile, so the shared-memory reads of B are consecutive float4s and A's are broadcasts), reduction step;
+#: preferred first; the first that divides the output and gives at least `waves` x SM count blocks is taken.
+#: Dots of two plain inputs then run the GEMM template of the code generator (double-buffered shared tiles).
+#: Measured on an H200 with the template (GFLOP/s at 4096^3 / 1024^3): 16x4/8x32/BK8 43.1k / 19.5k (127
+#: registers; 64 blocks at 1024), 8x4/8x32/BK16 41.8k / 35.5k, 8x8/16x16/BK8 40.7k / 17.4k; cuBLAS 50.6k / 36.3k.
+_WARP_ROW_TILES = ((16, 4, 8, 32, 8, 4.0), (8, 4, 8, 32, 16, 0.9), (4, 4, 8, 32, 16, 0.9), (4, 4, 4, 32, 16, 0.9),
+                   (2, 4, 4, 32, 16, 0.9), (1, 4, 4, 32, 16, 0.9))
 
 
 def _pick(default: int, n: int, cap: int) -> int:
@@ -100,7 +104,7 @@ def _schedule(cd: ComputeDef, max_threads: int, threads: int) -> list[Step]:
         elif stage.is_reduction:
             steps += _reduction(stage, threads)
         else:
-            steps += _elementwise(stage.name, stage.axes, threads)
+            steps += _elementwise(stage.name, stage.axes, threads, vector=True)
     return [ComputeInline(n) for n in sorted(inlined, key=lambda n: -_pos(cd, n))] + steps
 
 
@@ -152,10 +156,10 @@ def _tile_sizes(I: int, J: int, K: int, max_threads: int, batch: int = 1) -> tup
     if _RNG is None:
         fits = [t for t in _WARP_ROW_TILES if I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0
                 and t[2] * t[3] <= max_threads]
-        for mr, nr, ti, tj in fits:
+        for mr, nr, ti, tj, bk, waves in fits:
             blocks = batch * (I // (mr * ti)) * (J // (nr * tj))
-            if blocks >= 0.9 * _OPTS.get("sms", SMS) or (mr, nr, ti, tj) == fits[-1]:
-                return mr, nr, ti, tj, _divisor_at_most(K, 16)
+            if blocks >= waves * _OPTS.get("sms", SMS) or (mr, nr, ti, tj, bk, waves) == fits[-1]:
+                return mr, nr, ti, tj, _divisor_at_most(K, bk)
     big = I * J >= 512 * 512
     mr = _pick(_divisor_at_most(I, 8 if big else 4), I, 8)
     nr = _pick(_divisor_at_most(J, 8 if big else 4), J, 8)
@@ -243,7 +247,7 @@ def _reduction(stage: Stage, threads: int) -> list[Step]:
     if not space:
         return _full_reduction(stage, threads)
     if _contiguous_in(stage, red[-1]) and rn >= 64:
-        return _row_reduction(name, space, red, rn, threads)
+        return _row_reduction(name, space, red, rn, threads, _work(stage))
     return _elementwise(name, stage.axes, threads)  # one thread per output, serial reduction
 
 
@@ -253,7 +257,10 @@ def _fuse_all(name: str, iters: list[str]) -> tuple[list[Step], str]:
     return [Fuse(name, tuple(iters))], "@".join(iters)
 
 
-def _row_reduction(name: str, space: list[str], red: list[str], rn: int, threads: int) -> list[Step]:
+def _row_reduction(name: str, space: list[str], red: list[str], rn: int, threads: int,
+                   rows: int = 1) -> list[Step]:
+    if rn <= WARP_ROW_MAX and rows >= 1024 and _RNG is None and _OPTS.get("warp_rows", True):
+        return _warp_row_reduction(name, space, red, rn, rows)
     t = _pow2_at_most(rn, threads)
     steps, r = _fuse_all(name, red)
     steps += [Split(name, r, (t,)), RFactor(name, f"{r}.1")]
@@ -262,6 +269,26 @@ def _row_reduction(name: str, space: list[str], red: list[str], rn: int, threads
     steps += fs + [Annotate(name, s, ForKind.BLOCK_X), ComputeAt(rf, name, s),
                    Annotate(rf, f"{r}.1", ForKind.THREAD_X)]
     if 1 < rn // t <= 32:   # the per-thread serial part: unrolled, so its loads are in flight together
+        steps.append(Annotate(rf, f"{r}.0", ForKind.UNROLLED))
+    return steps
+
+
+WARP_ROW_MAX = 2048     # rows up to this long: one warp per row, several rows per block
+ROWS_PER_BLOCK = 8
+
+
+def _warp_row_reduction(name: str, space: list[str], red: list[str], rn: int, rows: int) -> list[Step]:
+    """One warp per output row (threadIdx.x: 32 lanes with strided partials, coalesced; threadIdx.y: the rows
+    of the block), warp shuffles for the total: no block-wide combine."""
+    steps, r = _fuse_all(name, red)
+    steps += [Split(name, r, (32,)), RFactor(name, f"{r}.1")]
+    rf = name + ".rf"
+    fs, s = _fuse_all(name, space)
+    ry = _divisor_at_most(rows, ROWS_PER_BLOCK)
+    steps += fs + [Split(name, s, (ry,)), Annotate(name, f"{s}.0", ForKind.BLOCK_X),
+                   Annotate(name, f"{s}.1", ForKind.THREAD_Y), ComputeAt(rf, name, f"{s}.1"),
+                   Annotate(rf, f"{r}.1", ForKind.THREAD_X)]
+    if 1 < -(-rn // 32) <= 64:   # the per-lane serial part: unrolled, so its loads are in flight together
         steps.append(Annotate(rf, f"{r}.0", ForKind.UNROLLED))
     return steps
 
@@ -289,7 +316,7 @@ def _full_reduction(stage: Stage, threads: int) -> list[Step]:
     return steps
 
 
-def _elementwise(name: str, axes, threads: int) -> list[Step]:
+def _elementwise(name: str, axes, threads: int, vector: bool = False) -> list[Step]:
     its = [a.name for a in axes]
     if not its:
         return []
@@ -298,6 +325,8 @@ def _elementwise(name: str, axes, threads: int) -> list[Step]:
         n *= a.extent
     steps, f = _fuse_all(name, its)
     t = min(threads, n)
+    if vector and _RNG is None and _OPTS.get("vector", True) and n % VEC == 0 and n >= VEC * t:
+        return steps + _vector_elementwise(name, f, n, t)
     per = 4 if n >= t * 4 * 1024 else 1
     if "per" in _OPTS and n % (int(_OPTS["per"]) * t) == 0:
         per = int(_OPTS["per"])
@@ -310,6 +339,24 @@ def _elementwise(name: str, axes, threads: int) -> list[Step]:
         steps += [Split(name, f, (t,)), Annotate(name, f"{f}.0", ForKind.BLOCK_X),
                   Annotate(name, f"{f}.1", ForKind.THREAD_X)]
     return steps
+
+
+VEC = 4    # elements per vectorized access (float4) of elementwise stages
+
+
+def _vector_elementwise(name: str, f: str, n: int, t: int) -> list[Step]:
+    """blockIdx.x / [unrolled per] / threadIdx.x / vectorized 4: each thread stores VEC consecutive elements at
+    once (a float4 store, and float4 loads of the inputs read at the same elements, see `codegen.cuda`), and
+    `per` of those groups, a block's width apart (coalesced), in flight together."""
+    per = int(_OPTS.get("per", 2 if n >= t * VEC * 2 * 1024 else 1))
+    if n % (per * t * VEC):
+        per = 1
+    if per > 1:
+        return [Split(name, f, (per, t, VEC)), Annotate(name, f"{f}.0", ForKind.BLOCK_X),
+                Annotate(name, f"{f}.1", ForKind.UNROLLED), Annotate(name, f"{f}.2", ForKind.THREAD_X),
+                Annotate(name, f"{f}.3", ForKind.VECTORIZED)]
+    return [Split(name, f, (t, VEC)), Annotate(name, f"{f}.0", ForKind.BLOCK_X),
+            Annotate(name, f"{f}.1", ForKind.THREAD_X), Annotate(name, f"{f}.2", ForKind.VECTORIZED)]
 
 
 __all__ = ["default_gpu_schedule"]

@@ -64,3 +64,44 @@ def test_device_arrays_and_timing():
     assert torch.allclose(c, ref, rtol=1e-4, atol=1e-4)
     ts = kern.time(a, b, c, min_time=0.01, repeat=3)
     assert len(ts) == 3 and all(0 < t < 0.01 for t in ts)
+
+
+_DOTS = {"mm": "f32[96,80] parameter(0)", "bmm": "f32[3,64,48] parameter(0)"}
+
+
+@pytest.mark.parametrize("tiles", [(8, 4, 8, 32, 16), (8, 4, 8, 32, 8), (8, 8, 8, 16, 8), (4, 4, 16, 16, 16),
+                                   (4, 4, 4, 8, 4)])
+def test_gemm_template_agrees_with_numpy(tiles):
+    """The GEMM template (where the tiles fit it) and the generic code on dots whose tile loads are fewer than
+    the threads, batched dots, and a B without batch dimensions."""
+    import hlotune
+    import hlotune.codegen.cuda as cuda_gen
+    import hlotune.codegen.cuda_runtime as rt
+    from hlotune.codegen.cuda_runtime import build_cuda
+
+    cases = [("HloModule a\nENTRY m {\n  a = f32[128,64] parameter(0)\n  b = f32[64,256] parameter(1)\n"
+              "  ROOT d = f32[128,256] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n"),
+             ("HloModule b\nENTRY m {\n  a = f32[4,64,32] parameter(0)\n  b = f32[4,32,128] parameter(1)\n"
+              "  ROOT d = f32[4,64,128] dot(a, b), lhs_batch_dims={0}, rhs_batch_dims={0}, "
+              "lhs_contracting_dims={2}, rhs_contracting_dims={1}\n}\n"),
+             ("HloModule c\nENTRY m {\n  a = f32[2,64,32] parameter(0)\n  b = f32[32,128] parameter(1)\n"
+              "  ROOT d = f32[2,64,128] dot(a, b), lhs_contracting_dims={2}, rhs_contracting_dims={0}\n}\n")]
+    rng = np.random.default_rng(5)
+    used = 0
+    for hlo in cases:
+        (sg,) = hlotune.load_model(hlo).frontend.subgraphs
+        cd = sg.workload.compute
+        args = [rng.standard_normal(b.shape).astype(np.float32) for b in cd.inputs]
+        want = evaluate_compute(cd, args)[0]
+        for gemm in (True, False):
+            cuda_gen.GEMM_TEMPLATE = gemm
+            rt._KCACHE.clear()
+            try:
+                kern = build_cuda(lower(cd, default_gpu_schedule(cd, options={"tiles": tiles}), name=f"t{gemm:d}"))
+            finally:
+                cuda_gen.GEMM_TEMPLATE = True
+            used += gemm and "GEMM template" in kern.text
+            out = np.full(want.shape, np.nan, np.float32)
+            kern(*args, out)
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"{tiles} gemm={gemm}\n{hlo}")
+    assert used >= 1, tiles

@@ -18,7 +18,10 @@ def test_tune_cuda_writes_records_that_compile_uses(tmp_path):
     d = open_database(str(db))
     recs = list(d.records())
     d.close()
-    assert len(recs) == 12 and sum(r.valid for r in recs) >= 8, [r.error_msg[:200] for r in recs if not r.valid]
+    # 12 trials, plus one record per re-measured incumbent (the tuner's confirmation step: not a new trial)
+    assert 12 <= len(recs) <= 12 + 4 and sum(r.valid for r in recs) >= 8, \
+        [r.error_msg[:200] for r in recs if not r.valid]
+    assert len({r.steps for r in recs}) >= 12 - 1
     assert {r.target for r in recs} == {rep.target}
     exe = hlotune.compile(str(model_path("softmax")), tuning_log=str(db), target="cuda")
     assert any(src.startswith("tuned") for src in exe.sources().values()), exe.sources()

@@ -64,7 +64,7 @@ def test_default_schedules_match_algorithm_and_generate(sources):
     for label, _f, src in sources:
         assert src.launches, label
         for ln in src.launches:
-            assert f"__launch_bounds__({ln.threads}) {ln.name}(" in src.text, label
+            assert re.search(rf"__launch_bounds__\({ln.threads}(, 2)?\) {ln.name}\(", src.text), label
             assert 1 <= ln.threads <= 1024, label
 
 
@@ -97,9 +97,15 @@ def test_generated_cuda_compiles_with_nvcc(sources, tmp_path, monkeypatch):
 CUBIN = {"matmul/dot_general.1", "row_sum/reduce_sum.7", "sum_reduce/reduce_sum.7", "softmax/input_fusion"}
 
 
-def test_shared_memory_fetches_are_fenced(sources):
+def _generic(f, monkeypatch):
+    import hlotune.codegen.cuda as cuda
+    monkeypatch.setattr(cuda, "GEMM_TEMPLATE", False)
+    return generate_cuda(f)
+
+
+def test_shared_memory_fetches_are_fenced(sources, monkeypatch):
     by = {label: src for label, _, src in sources}
-    src = by["matmul/dot_general.1"]
+    src = _generic({label: f for label, f, _ in sources}["matmul/dot_general.1"], monkeypatch)
     text = src.text
     assert "__shared__" in text and src.launches[0].shared_bytes > 0
     # inside the reduction loop: a barrier before the fetch (the previous step's readers) and after it
@@ -113,6 +119,40 @@ def test_shared_memory_fetches_are_fenced(sources):
     for label, s in by.items():
         if "__shared__" not in s.text and "hl_smem" not in s.text:
             assert "__syncthreads" not in s.text, label
+
+
+def _map_stores(s, fn):
+    import dataclasses
+    if isinstance(s, Store):
+        return fn(s)
+    if isinstance(s, Seq):
+        return Seq(tuple(_map_stores(c, fn) for c in s.body))
+    if isinstance(s, For | Allocate):
+        return dataclasses.replace(s, body=_map_stores(s.body, fn))
+    return s
+
+
+def test_gemm_template_for_default_dots_only_when_the_indexing_matches(sources):
+    by = {label: (f, src) for label, f, src in sources}
+    for label in ("matmul/dot_general.1", "batch_matmul/dot_general.1", "dense_bias_relu/max.3"):
+        f, src = by[label]
+        text = src.text
+        assert "GEMM template" in text, label
+        assert text.count("__syncthreads") == 2 and "_shared[" not in text, label   # one per K tile, one before
+        assert "__ldg((const float4*)" in text and "hl_As[2]" in text and "hl_Bs[2]" in text, label
+    # the same nest with the compute reading B one column off: not the template's mapping -> generic code
+    f, _ = by["matmul/dot_general.1"]
+
+    def shift(st):
+        if st.buffer.endswith(".local") and isinstance(st.value, Binary):
+            mul = st.value.b
+            lb = mul.b
+            lb2 = Load(lb.buffer, (lb.indices[0], lb.indices[0]), lb.dtype)
+            return Store(st.buffer, st.indices, Binary(Op.ADD, st.value.a, Binary(Op.MULTIPLY, mul.a, lb2, mul.dtype),
+                                                       st.value.dtype))
+        return st
+    bad = LoopFunc(f.name, f.inputs, f.outputs, _map_stores(f.body, shift))
+    assert "GEMM template" not in generate_cuda(bad).text
 
 
 def test_row_reduction_partials_go_to_shared_and_thread0_combines(sources):
@@ -184,3 +224,73 @@ def test_float_constants_are_exact_and_math_is_double_where_needed():
     assert const_text(Const(float("nan"), F32)) == "__int_as_float(0x7fc00000)"
     assert re.search(r"hl_exp\(float x\) \{ return \(float\)exp\(\(double\)x\)", generate_cuda(
         _func(Store("y", (Const(0, DType.S64),), Const(1.0, F32)))).text)
+
+
+def test_warp_per_row_reduction_schedule_and_code():
+    """Long enough row counts: one warp per row (threadIdx.x lanes, threadIdx.y rows), partials in one shared
+    copy per row of the block, warp shuffles and lane 0's store; the loop nest computes the row sums."""
+    import hlotune
+    hlo = ("HloModule r\nadd {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\n"
+           "ENTRY main {\n  x = f32[1024,80] parameter(0)\n  z = f32[] constant(0)\n"
+           "  ROOT r = f32[1024] reduce(x, z), dimensions={1}, to_apply=add\n}\n")
+    (sg,) = hlotune.load_model(hlo).frontend.subgraphs
+    f = _check_against_algorithm(sg, default_gpu_schedule(sg.workload.compute), "warp rows")
+    src = generate_cuda(f)
+    (ln,) = src.launches
+    assert ln.block == (32, 8, 1) and ln.grid == (128, 1, 1)
+    t = src.text
+    assert "(hl_idx)threadIdx.y * 32 +" in t and "__shfl_down_sync" in t and "hl_rv" not in t
+    assert t.count("__syncthreads") == 1 and "if (threadIdx.x == 0)" in t
+    if NVCC:
+        assert compile_cubin(t, "sm_90")[:4] == b"\x7fELF"
+
+
+def test_vector_access_analysis():
+    """float4 accesses only where every lane reads the next element and lane 0's element is a multiple of 4."""
+    from hlotune.codegen.cuda import _lane_invariant_cond, _vector_access
+    from hlotune.ir.expr import INDEX, Compare
+
+    i, v = Var("i"), Var("v")
+
+    def c(x):
+        return Const(x, INDEX)
+
+    def add(a, b):
+        return Binary(Op.ADD, a, b, INDEX)
+
+    def mul(a, b):
+        return Binary(Op.MULTIPLY, a, b, INDEX)
+
+    flat = add(mul(i, c(4)), v)                                 # i*4 + v over f32[64]
+    assert _vector_access((flat,), (64,), "v", 4)[1] == 1
+    assert _vector_access((add(mul(i, c(3)), v),), (64,), "v", 4) is None          # lane 0 not aligned
+    assert _vector_access((add(mul(i, c(4)), mul(v, c(2))),), (64,), "v", 4) is None   # stride 2
+    assert _vector_access((i,), (64,), "v", 4)[1] == 0                             # broadcast
+    # 2-d through division / remainder by the row length (a multiple of 4)
+    rows = (Binary(Op.DIVIDE, flat, c(16), INDEX), Binary(Op.REMAINDER, flat, c(16), INDEX))
+    assert _vector_access(rows, (4, 16), "v", 4)[1] == 1
+    rows6 = (Binary(Op.DIVIDE, flat, c(6), INDEX), Binary(Op.REMAINDER, flat, c(6), INDEX))
+    assert _vector_access(rows6, (11, 6), "v", 4) is None
+    # a guard true for all lanes or none: i*4 + v < 64 -> i*4 < 64; not with a bound that is not a multiple of 4
+    assert "v" not in str(_lane_invariant_cond(Compare("LT", flat, c(64), DType.PRED), "v", 4))
+    assert _lane_invariant_cond(Compare("LT", flat, c(63), DType.PRED), "v", 4) is None
+
+
+def test_elementwise_defaults_store_float4():
+    import hlotune
+    from tests.conftest import model_path
+    (sg,) = hlotune.load_model(str(model_path("relu_chain", "bench.hlo"))).frontend.subgraphs
+    cd = sg.workload.compute
+    text = generate_cuda(lower(cd, default_gpu_schedule(cd), name="k")).text
+    assert "vectorized x4" in text and "*(float4*)&" in text and "*(const float4*)&" in text
+
+
+def test_vector_access_bases_never_keep_the_lane():
+    from hlotune.codegen.cuda import _vector_access
+    from hlotune.ir.expr import INDEX, walk
+
+    flat = Binary(Op.ADD, Binary(Op.MULTIPLY, Var("i"), Const(4, INDEX), INDEX), Var("v"), INDEX)
+    row = Binary(Op.MULTIPLY, Binary(Op.DIVIDE, flat, Const(8, INDEX), INDEX), Const(8, INDEX), INDEX)
+    col = Binary(Op.REMAINDER, flat, Const(8, INDEX), INDEX)
+    base, coeff = _vector_access((Binary(Op.ADD, row, col, INDEX),), (64,), "v", 4)
+    assert coeff == 1 and not any(isinstance(n, Var) and n.name == "v" for b in base for n in walk(b))
