@@ -34,6 +34,7 @@ from .features import (
     Access,
     StoreNest,
     _nbytes,
+    add_program_features,
     features_of_func,
     log_scale,
     nest_signature,
@@ -478,7 +479,8 @@ def _template(cd: ComputeDef, key_cd: str, sched) -> Template | None:
 def batch_features(cd: ComputeDef, schedules, workload_key: str | None = None) -> list[np.ndarray | None]:
     """Log-scaled features (S_i, NUM_FEATURES) of each schedule (None for a schedule that does not lower).
     Schedules sharing a structure are instantiated together from one template; then statements of equal
-    shape (`nest_signature`) across all structures are featurized in one numpy call."""
+    shape (`nest_signature`) across all structures are featurized in one numpy call; then the program
+    columns of each structure's programs (`add_program_features`, one numpy call per structure)."""
     key_cd = workload_key or cd.name + str(id(cd))
     groups: dict[tuple, list[int]] = {}
     for i, s in enumerate(schedules):
@@ -510,7 +512,7 @@ def batch_features(cd: ComputeDef, schedules, workload_key: str | None = None) -
             rows[(g, j)] = X[at:at + k]
             at += k
     for g, (idx, nests) in enumerate(done):
-        X = np.stack([rows[(g, j)] for j in range(len(nests))], axis=1) if nests else \
+        X = add_program_features(np.stack([rows[(g, j)] for j in range(len(nests))], axis=1)) if nests else \
             np.zeros((len(idx), 0, NUM_FEATURES))
         for j, i in enumerate(idx):
             out[i] = X[j]

@@ -8,7 +8,9 @@ Map:
   store_features(nest)            StoreNest -> (N, NUM_FEATURES) raw features (numpy, vectorized over N)
   log_scale(x)                    sign(x) * log2(1 + |x|), applied to every column
   nests_of_func(func)             exact path: walk a LoopFunc, one StoreNest (N=1) per Store
+  add_program_features(X)         the prog_* columns (aggregates over a program's statements), both paths
   features_of_func(func)          exact path: (S, NUM_FEATURES) log-scaled features of a LoopFunc
+  machine()                       (threads, vector bits, L1d, L2) of the host, for the parallel/vector/cache columns
   (the fast path, many schedules of one structure at once, is in `fast_features.py`)
 
 Definitions (loops outermost first; only loops of extent > 1 count, so a loop of extent 1, which the
@@ -36,6 +38,7 @@ lowering drops, changes no feature -- the fast path relies on it):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,6 +91,34 @@ def _table() -> tuple[tuple[str, str], ...]:
              ("auto_unroll_max_step", "auto_unroll_max_step pragma of the enclosing loops (max)"),
              ("is_init", "1 for the init statement of a reduction"),
              ("is_update", "1 for a statement that reads the element it writes (reduction update)")]
+    rows += [("par_launches", "launches of the parallel loop: product of the loop extents outside the outermost "
+                              "parallel loop (0 without one; parallel loops inside it run serially)"),
+             ("par_extent", "extent of the outermost parallel loop (the iterations the threads share; 0 without)"),
+             ("par_balance", "parallel efficiency: P / (T * ceil(P / T)) for P parallel iterations on T threads; "
+                             "1 / T without a parallel loop"),
+             ("par_work", "executions of the statement per parallel iteration and launch (all without one)"),
+             ("vec_ok", "1 when the innermost vectorized loop is the innermost loop and moves the stored element "
+                        "(the code generator emits vector instructions)"),
+             ("vec_regs", "vectorized extent / lanes (lanes = vector bits / element bits of the stored buffer)"),
+             ("vec_rem", "vectorized extent modulo the lanes (a partial vector)"),
+             ("vec_contig", "accesses with stride 1 along the vectorized loop (vector loads/stores; 0 if not vec_ok)"),
+             ("vec_bcast", "accesses with stride 0 along the vectorized loop (scalar load + broadcast)"),
+             ("vec_gather", "accesses with another stride along the vectorized loop (gathered lane by lane)"),
+             ("inner_len", "extent of the innermost loop"),
+             ("inner_contig", "accesses with stride 1 along the innermost loop"),
+             ("inner_bcast", "accesses with stride 0 along the innermost loop"),
+             ("inner_gather", "accesses with another stride along the innermost loop"),
+             ("unroll_copies", "statement copies the code generator unrolls: the innermost serial loops (explicitly "
+                               "unrolled, or whose stores stay within auto_unroll_max_step; vectorized ones count 1)"),
+             ("write_ratio", "executions / unique elements written (reduction length x padding of split tails)"),
+             ("l1_fit_prod", "executions inside the outermost loop whose footprint (unique bytes of all buffers "
+                             "inside it) fits the L1 data cache"),
+             ("l2_fit_prod", "the same for the L2 cache")]
+    rows += [("prog_statements", "program: number of store statements (the same in every row of a program)"),
+             ("prog_ops", "program: arithmetic operations of all statements (sum of the operation columns)"),
+             ("prog_outer_prod", "program: statement executions (sum of outer_prod)"),
+             ("prog_bytes", "program: bytes accessed (sum of the buffer bytes columns)"),
+             ("prog_intensity", "program: prog_ops / prog_bytes")]
     return tuple(rows)
 
 
@@ -96,7 +127,7 @@ FEATURE_TABLE: tuple[tuple[str, str], ...] = _table()
 FEATURE_NAMES: tuple[str, ...] = tuple(n for n, _ in FEATURE_TABLE)
 NUM_FEATURES = len(FEATURE_NAMES)
 _COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
-FEATURE_VERSION = 2
+FEATURE_VERSION = 3
 
 
 _KIND_CODE = {k: i for i, k in enumerate(ForKind)}
@@ -202,7 +233,99 @@ def store_features(nest: StoreNest) -> np.ndarray:
     out[:, _COL["auto_unroll_max_step"]] = nest.unroll_step
     out[:, _COL["is_init"]] = float(nest.is_init)
     out[:, _COL["is_update"]] = float(nest.is_update)
+    _loop_features(nest, ext, real, km, rank, nreal, prod, out)
     return out
+
+
+@functools.cache
+def machine() -> tuple[int, int, int, int]:
+    """(threads of parallel loops, vector bits, L1d bytes, L2 bytes) of the host (cached): the numbers the
+    parallel / vector / cache features compare against."""
+    from .. import config
+    from ..target import Target
+
+    t = Target.host_cpu()
+    n = int(config.get("num_threads") or 0)
+    return (n if n > 0 else max(1, t.cores)), max(128, t.vector_bits), t.l1d_bytes or 32768, t.l2_bytes or 1 << 20
+
+
+def _flat_strides(a: Access) -> np.ndarray:
+    """(N, L) elements one iteration of each loop moves the access by (whole coefficients, as `stride`)."""
+    n, nl = a.coef.shape[:2]
+    if not a.coef.size:
+        return np.zeros((n, nl))
+    rs = _row_strides(a.shape)
+    whole = np.where(np.abs(a.coef) >= 1 - 1e-9, a.coef, 0.0)
+    step = np.abs(np.einsum("nld,nd->nl", whole, rs))
+    frac = np.abs(np.einsum("nld,nd->nl", a.coef, rs))
+    return np.where(step > 1e-12, step, np.where(frac > 1e-12, 0.5, 0.0))   # only fractional moves: "other"
+
+
+def _loop_features(nest: StoreNest, ext, real, km, rank, nreal, prod, out: np.ndarray) -> None:
+    n, nl = ext.shape
+    rows = np.arange(n)
+    threads, vbits, l1, l2 = machine()
+    # parallel: only the outermost parallel loop is launched, the ones inside it run serially
+    par = real & (km == _KIND_CODE[ForKind.PARALLEL])
+    has_p = par.any(axis=1)
+    first = np.argmax(par, axis=1) if nl else np.zeros(n, int)
+    pre = np.cumprod(np.where(real, ext, 1.0), axis=1) if nl else np.ones((n, 0))
+    launches = np.where(first > 0, pre[rows, np.maximum(first - 1, 0)], 1.0) if nl else np.ones(n)
+    p_ext = ext[rows, first] if nl else np.zeros(n)
+    out[:, _COL["par_launches"]] = np.where(has_p, launches, 0.0)
+    out[:, _COL["par_extent"]] = np.where(has_p, p_ext, 0.0)
+    rounds = np.maximum(np.ceil(p_ext / threads), 1.0)            # iterations of the busiest thread
+    out[:, _COL["par_balance"]] = np.where(has_p, p_ext / (threads * rounds), 1.0 / threads)
+    out[:, _COL["par_work"]] = np.where(has_p, prod / np.maximum(launches * p_ext, 1.0), prod)
+    inner = nl - 1 - np.argmax(real[:, ::-1], axis=1) if nl else np.zeros(n, int)
+    has_i = nreal > 0
+    vec = real & (km == _KIND_CODE[ForKind.VECTORIZED])
+    has_v = vec.any(axis=1)
+    vl = nl - 1 - np.argmax(vec[:, ::-1], axis=1) if nl else np.zeros(n, int)
+    strides = [_flat_strides(a) for a in nest.accesses]
+    w = next((j for j, a in enumerate(nest.accesses) if a.mode != 0), None)
+    vec_ok = has_v & (rank[rows, vl] == nreal - 1) if nl else np.zeros(n, bool)
+    if w is not None and nl:
+        vec_ok &= strides[w][rows, vl] > 1e-12
+        eb = nest.accesses[w].elem_bytes
+    else:
+        eb = 4
+    lanes = max(1, vbits // (8 * eb))
+    v_ext = np.where(has_v, ext[rows, vl] if nl else 0.0, 0.0)
+    out[:, _COL["vec_ok"]] = vec_ok
+    out[:, _COL["vec_regs"]] = v_ext / lanes
+    out[:, _COL["vec_rem"]] = np.mod(v_ext, lanes)
+    for pre_name, loop, on in (("vec", vl, vec_ok), ("inner", inner, has_i)):
+        cnt = np.zeros((3, n))
+        for a, s in zip(nest.accesses, strides):
+            sl = s[rows, loop] if nl else np.zeros(n)
+            cnt += a.count * np.stack([np.abs(sl - 1) < 1e-9, sl < 1e-12, (sl > 1e-12) & (np.abs(sl - 1) >= 1e-9)])
+        for j, kind in enumerate(("contig", "bcast", "gather")):
+            out[:, _COL[f"{pre_name}_{kind}"]] = np.where(on, cnt[j], 0.0)
+    out[:, _COL["inner_len"]] = np.where(has_i, ext[rows, inner] if nl else 0.0, 0.0)
+    # unrolled copies: from the innermost loop outwards while the loops unroll
+    copies = np.ones(n)
+    going = np.ones(n, bool)
+    step = np.asarray(nest.unroll_step, dtype=np.float64)
+    for li in range(nl - 1, -1, -1):
+        k = km[:, li] if km.shape[0] == n else np.broadcast_to(km[0, li], (n,))
+        e = np.where(k == _KIND_CODE[ForKind.VECTORIZED], 1.0, ext[:, li])
+        ok = going & (k != _KIND_CODE[ForKind.PARALLEL]) & ((k == _KIND_CODE[ForKind.UNROLLED]) | (copies * e <= step))
+        ok |= going & ~real[:, li]
+        going &= ok
+        copies = np.where(ok, copies * np.where(real[:, li], e, 1.0), copies)
+    out[:, _COL["unroll_copies"]] = np.where(nreal > 0, copies, 0.0)
+    if w is not None:
+        a = nest.accesses[w]
+        uw = np.prod(_regions(a, ext)[:, 0, :], axis=1) if a.shape.shape[1] else np.ones(n)
+        out[:, _COL["write_ratio"]] = prod / np.maximum(uw, 1.0)
+    # cache fit: footprint of all buffers inside each level
+    if nest.accesses and nl:
+        foot = sum(np.prod(_regions(a, ext), axis=2) * a.elem_bytes for a in nest.accesses)   # (N, L+1)
+        suffix = _suffix_prod(ext)
+        for name, cap in (("l1_fit_prod", l1), ("l2_fit_prod", l2)):
+            k = np.argmax(foot <= cap, axis=1)     # outermost level that fits (level L always does: one point)
+            out[:, _COL[name]] = suffix[rows, k]
 
 
 def _suffix_prod(ext: np.ndarray) -> np.ndarray:
@@ -379,7 +502,10 @@ def lin_coefs(e: Expr, ext: dict[str, float] | None = None) -> dict[str, float]:
             a, b = lin_coefs(e.a, ext), lin_coefs(e.b, ext)
             sg = 1.0 if e.op is Op.ADD else -1.0
             for k, v in b.items():
-                a[k] = a.get(k, 0.0) + sg * v
+                o = a.get(k)
+                # ((f // m) % n) * m + f % m, a fused loop reaching both halves: one step of f moves the sum
+                # by 1 (it is f % (m * n)), as the fast path's split relation has it, not by 2
+                a[k] = v if sg > 0 and o is not None and v and abs(o - v) < 1e-12 else (o or 0.0) + sg * v
             return a
         if e.op is Op.MULTIPLY:
             if isinstance(e.b, Const):
@@ -503,9 +629,25 @@ def _nbytes(dt: DType) -> int:
         return 1
 
 
+def add_program_features(X: np.ndarray) -> np.ndarray:
+    """Fill the prog_* columns of log-scaled statement rows X (..., S, NUM_FEATURES), in place: aggregates over
+    the S statements of each program, the same value in each of its rows (so a per-statement model sees the
+    whole program).  Returns X."""
+    if X.shape[-2] == 0:
+        return X
+    raw = lambda cols: np.exp2(np.abs(X[..., cols])) - 1.0     # noqa: E731 - inverse of log_scale (counts >= 0)
+    ops = raw(slice(0, len(OP_KINDS))).sum(axis=(-1, -2))
+    outer = raw(_COL["outer_prod"]).sum(axis=-1)
+    byts = raw([_COL[f"B{b}.bytes"] for b in range(TOP_BUFFERS)]).sum(axis=(-1, -2))
+    prog = np.stack([np.full(ops.shape, float(X.shape[-2])), ops, outer, byts, ops / np.maximum(byts, 1.0)], axis=-1)
+    X[..., _COL["prog_statements"]:_COL["prog_intensity"] + 1] = log_scale(prog)[..., None, :]
+    return X
+
+
 def features_of_func(func: LoopFunc) -> np.ndarray:
-    """Exact path: (S, NUM_FEATURES) log-scaled features, one row per Store of `func`."""
+    """Exact path: (S, NUM_FEATURES) log-scaled features, one row per Store of `func` (program columns
+    included)."""
     rows = [store_features(n)[0] for n in nests_of_func(func)]
     if not rows:
         return np.zeros((0, NUM_FEATURES))
-    return log_scale(np.stack(rows))
+    return add_program_features(log_scale(np.stack(rows)))

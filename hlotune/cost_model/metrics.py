@@ -4,6 +4,8 @@ Map:
   pairwise_accuracy(costs, scores, min_ratio)   fraction of pairs with different costs (at least min_ratio
                                       apart) that the scores order correctly (higher = faster); score ties: 1/2
   repeat_agreement(costs_lists)       second-last repeat as the prediction of the last: the noise ceiling
+                                      within one measurement
+  remeasure_agreement(groups)         the same between independent measurements of identical programs
   peak_at_k(costs, scores, k)         best cost / best cost among the k highest scores (1.0 = found the best)
   task_metrics(costs, scores, ks)     both, as a dict (plus pairwise accuracy on pairs >= 1.5x apart)
   mean_metrics(per_task)              the unweighted mean over tasks of each metric
@@ -65,3 +67,25 @@ def repeat_agreement(costs_lists, min_ratio: float = 1.0) -> float:
     if len(runs) < 2:
         return float("nan")
     return pairwise_accuracy([c[-1] for c in runs], [-c[-2] for c in runs], min_ratio)
+
+
+def remeasure_agreement(groups, min_ratio: float = 1.0) -> tuple[float, int]:
+    """How often two independent measurements order a pair of programs alike: `groups` holds, per program
+    measured at least twice (e.g. different schedules that lower to identical code), the costs of its separate
+    measurements.  Over all pairs of groups (A, B), the order of (A[0], B[0]) is taken as the prediction of
+    the order of (A[1], B[1]) (pairs whose second costs are tied, or less than `min_ratio` apart, skipped).
+    Returns (agreement, pairs); NaN with none.  Unlike `repeat_agreement`, this includes what changes between
+    measurements (other processes, frequency, memory placement), so it is the ceiling that matters for
+    ranking different candidates."""
+    g = [(float(x[0]), float(x[1])) for x in groups if len(x) >= 2]
+    if len(g) < 2:
+        return float("nan"), 0
+    a = np.array(g)
+    first, second = a[:, 0], a[:, 1]
+    faster2 = second[:, None] * min_ratio < second[None, :] if min_ratio > 1.0 else second[:, None] < second[None, :]
+    n = int(faster2.sum())
+    if n == 0:
+        return float("nan"), 0
+    d1 = first[:, None] - first[None, :]
+    good = (faster2 & (d1 < 0)).sum() + 0.5 * (faster2 & (d1 == 0)).sum()
+    return float(good / n), n

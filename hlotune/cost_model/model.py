@@ -260,14 +260,13 @@ class CostModel:
         return self.predict_features(feats)
 
     def predict_features(self, feats: list[np.ndarray | None]) -> np.ndarray:
-        import xgboost as xgb
-
+        """Scores from precomputed features (`batch_features` / `features_of_samples`); -inf where None."""
         out = np.full(len(feats), -np.inf)
         ok = [i for i, f in enumerate(feats) if f is not None]
         if not ok:
             return out
         X, pid = _program_rows([feats[i] for i in ok], self.mode)
-        p = self.booster.predict(xgb.DMatrix(X))
+        p = self.booster.inplace_predict(X)     # no DMatrix: 3-4x faster than predict(DMatrix(X)), same values
         out[ok] = np.bincount(pid, weights=p, minlength=len(ok)) if self.mode == "packsum" else p
         return out
 

@@ -4,6 +4,7 @@ Map:
   samples_from_db(spec, target=None)   tuning records -> cost_model.Sample list (workload and steps parsed)
   evaluate_lowo(samples, make_model)   per held-out workload: train on the others, score its records
   evaluate_model(model, samples)       per workload metrics of a given (pretrained) model
+  remeasure_ceiling(samples, feats)    agreement of separate measurements of identical programs (noise ceiling)
   add_cost_model_parser(subparsers)    the argparse wiring (the lead calls it from cli.py)
 """
 
@@ -14,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from ..cost_model.metrics import mean_metrics, repeat_agreement, task_metrics
+from ..cost_model.metrics import mean_metrics, remeasure_agreement, repeat_agreement, task_metrics
 from ..cost_model.model import MODES, CostModel, CostModelWarning, RandomModel, Sample, features_of_samples
 from ..errors import HlotuneError, InputError
 
@@ -68,10 +69,13 @@ def evaluate_model(model, samples: list[Sample], min_records: int = 8) -> dict[s
             if sum(1 for s in g if s.costs) >= min_records}
 
 
-def evaluate_lowo(samples: list[Sample], make_model=None, min_records: int = 8) -> dict[str, dict[str, float]]:
-    """Leave one workload out: for each workload, train a fresh model on all others and score it."""
+def evaluate_lowo(samples: list[Sample], make_model=None, min_records: int = 8,
+                  feats: list | None = None) -> dict[str, dict[str, float]]:
+    """Leave one workload out: for each workload, train a fresh model on all others and score it (`feats`:
+    the samples' features when already computed)."""
     make_model = make_model or (lambda: CostModel(seed=0))
-    feats = features_of_samples(samples)            # once: they do not depend on the model
+    if feats is None:
+        feats = features_of_samples(samples)        # once: they do not depend on the model
     by = _by_task(samples)
     out = {}
     for k, g in by.items():
@@ -87,6 +91,24 @@ def evaluate_lowo(samples: list[Sample], make_model=None, min_records: int = 8) 
     return out
 
 
+def remeasure_ceiling(samples: list[Sample], feats: list, min_ratio: float = 1.0) -> tuple[float, int, int]:
+    """`remeasure_agreement` pooled over workloads: programs are identical when their features are (different
+    schedules that lower to the same loops, measured at different times).  Returns (agreement, pairs,
+    programs measured twice or more)."""
+    good = total = progs = 0
+    by: dict[str, dict[bytes, list[float]]] = {}
+    for s, f in zip(samples, feats):
+        if f is not None and s.costs:
+            by.setdefault(s.workload_key, {}).setdefault(np.round(f, 6).tobytes(), []).append(s.cost)
+    for groups in by.values():
+        multi = [c for c in groups.values() if len(c) >= 2]
+        progs += len(multi)
+        acc, n = remeasure_agreement(multi, min_ratio)
+        if n:
+            good, total = good + acc * n, total + n
+    return (good / total if total else float("nan")), total, progs
+
+
 def _cmd_train(a) -> int:
     samples = [s for spec in a.db for s in samples_from_db(spec, a.target)]
     model = CostModel(seed=a.seed, mode=a.mode)
@@ -100,6 +122,7 @@ def _cmd_train(a) -> int:
 
 def _cmd_eval(a) -> int:
     samples = samples_from_db(a.db, a.target)
+    feats = None
     if a.model:
         per = evaluate_model(CostModel.load(a.model), samples)
         how = f"model {a.model}"
@@ -107,8 +130,13 @@ def _cmd_eval(a) -> int:
         per = evaluate_model(RandomModel(a.seed), samples)
         how = "random model"
     else:
-        per = evaluate_lowo(samples, lambda: CostModel(seed=a.seed, mode=a.mode))
+        feats = features_of_samples(samples)
+        per = evaluate_lowo(samples, lambda: CostModel(seed=a.seed, mode=a.mode), feats=feats)
         how = "leave one workload out"
+    if feats is None:
+        feats = features_of_samples(samples)
+    ceiling = remeasure_ceiling(samples, feats)
+    ceiling15 = remeasure_ceiling(samples, feats, 1.5)
     by = _by_task(samples)
     names = {s.workload_key: s.compute.name for s in samples}
     for k, m in per.items():   # the noise ceiling: one repeat "predicting" the next
@@ -118,6 +146,8 @@ def _cmd_eval(a) -> int:
     mean = mean_metrics(per)
     if a.json:
         print(json.dumps({"how": how, "records": len(samples), "per_task": per, "mean": mean,
+                          "remeasure_agree": ceiling[0], "remeasure_agree@1.5x": ceiling15[0],
+                          "remeasure_pairs": ceiling[1], "remeasured_programs": ceiling[2],
                           "names": {k: names.get(k, "") for k in per}}, indent=1))
         return 0
     print(f"{how}: {len(per)} workloads, {len(samples)} records")
@@ -125,8 +155,12 @@ def _cmd_eval(a) -> int:
         print(f"  {k} ({names.get(k, '')}, {sum(1 for s in by[k] if s.costs)} valid): "
               + "  ".join(f"{n} {v:.3f}" for n, v in m.items()))
     print("mean: " + "  ".join(f"{n} {v:.3f}" for n, v in mean.items()))
+    print(f"remeasure_agree {ceiling[0]:.3f}  remeasure_agree@1.5x {ceiling15[0]:.3f}  ({ceiling[2]} programs "
+          f"measured separately 2+ times, {ceiling[1]} pairs)")
     print("(pairwise@1.5x: only pairs whose costs differ by 1.5x or more; repeats_agree: the second-last repeat of "
-          "each measurement used as the prediction of the last, i.e. the noise ceiling of pairwise accuracy)")
+          "each measurement used as the prediction of the last, i.e. the noise ceiling within one measurement; "
+          "remeasure_agree: the same between separate measurements of identical programs (schedules that lower "
+          "to the same loops), the ceiling for ranking different candidates)")
     return 0
 
 

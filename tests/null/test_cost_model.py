@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import hlotune
-from hlotune.cost_model.metrics import pairwise_accuracy, peak_at_k
+from hlotune.cost_model.metrics import pairwise_accuracy, peak_at_k, remeasure_agreement
 from hlotune.cost_model.model import CostModel, CostModelWarning, RandomModel, Sample
 from hlotune.cost_model.sampling import factor_variants
 from hlotune.errors import InputError
@@ -189,3 +189,13 @@ def test_eval_command_on_a_database(tmp_path, data, capsys):
     (tmp_path / "bad.json").write_text("{}")
     assert main(["cost-model", "eval", db_path, "--model", str(tmp_path / "bad.json")]) == 2
     assert "bad.json" in capsys.readouterr().err
+
+
+def test_remeasure_agreement_hand_computed():
+    """Programs A, B, C measured twice: by the second measurements C < A < B; the first ones order (A, B) alike
+    but put C last, so 1 of the 3 pairs agrees; at 1.5x only (C, A) and (C, B) count, and both disagree."""
+    groups = [[1.0, 1.1], [2.0, 1.5], [3.0, 0.5], [7.0]]          # the single measurement is ignored
+    assert remeasure_agreement(groups) == (pytest.approx(1 / 3), 3)
+    assert remeasure_agreement(groups, 1.5) == (0.0, 2)
+    acc, n = remeasure_agreement([[1.0, 1.0]])
+    assert np.isnan(acc) and n == 0

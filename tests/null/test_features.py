@@ -11,7 +11,7 @@ from hlotune.cost_model.sampling import factor_variants
 from hlotune.ir.expr import Binary, Const, Load, Var
 from hlotune.ir.hlo import DType, Op
 from hlotune.schedule_space.default import default_schedule
-from hlotune.schedule_space.loop_ir import BufferDecl, For, ForKind, LoopFunc, Store
+from hlotune.schedule_space.loop_ir import BufferDecl, For, ForKind, LoopFunc, Seq, Store
 from hlotune.schedule_space.steps import Schedule
 from hlotune.target import Target
 from tests.conftest import model_path
@@ -133,3 +133,88 @@ def test_fused_loop_stride_is_one():
     r = _raw(features_of_func(fn)[0])
     assert round(float(r[COL["B0.stride"]]), 6) == 1 and round(float(r[COL["B1.stride"]]), 6) == 1
     assert float(r[COL["B0.lines"]]) == pytest.approx(256 / 16)
+
+
+def test_loop_features_hand_computed(monkeypatch):
+    """The parallel / vector / innermost-access / unroll / cache-fit columns on the matmul tile, against a
+    machine of 2 threads, 512-bit vectors, 1 KiB L1 and 4 KiB L2."""
+    from hlotune.cost_model import features
+
+    monkeypatch.setattr(features, "machine", lambda: (2, 512, 1024, 4096))
+    r = _raw(features_of_func(_matmul_func())[0])
+    n = 8 * 32 * 16
+
+    def f(name):
+        return round(float(r[COL[name]]), 6)
+
+    assert f("par_launches") == 1 and f("par_extent") == 8 and f("par_balance") == 1
+    assert f("par_work") == pytest.approx(n / 8)
+    # j (16 lanes of f32 in 512 bits) is the innermost loop and moves C: vector code; C (read + write) and B
+    # contiguous along j, A broadcast
+    assert f("vec_ok") == 1 and f("vec_regs") == 1 and f("vec_rem") == 0
+    assert (f("vec_contig"), f("vec_bcast"), f("vec_gather")) == (3, 1, 0)
+    assert (f("inner_len"), f("inner_contig"), f("inner_bcast"), f("inner_gather")) == (16, 3, 1, 0)
+    assert f("unroll_copies") == 1                      # no pragma: the vectorized loop is one copy
+    assert f("write_ratio") == pytest.approx(32)       # k revisits every C element
+    # footprint inside j: C 64 + A 4 + B 64 bytes (fits 1 KiB); inside k: 64 + 128 + 2048 (fits 4 KiB);
+    # the whole nest: 512 + 1024 + 2048 (fits 4 KiB)
+    assert f("l1_fit_prod") == 16 and f("l2_fit_prod") == pytest.approx(n)
+    # program columns (one statement): n mads; C read + written, A and B read, 4 bytes each
+    assert f("prog_statements") == 1 and f("prog_ops") == pytest.approx(n) and f("prog_outer_prod") == pytest.approx(n)
+    assert f("prog_bytes") == pytest.approx(4 * n * 4) and f("prog_intensity") == pytest.approx(1 / 16)
+
+
+def test_program_columns_repeat_in_every_row():
+    """A two-statement program (init + update): prog_* columns sum both statements and are equal in both rows."""
+    i, k = _v("i"), _v("k")
+    init = Store("C", (i,), Const(0.0, F32))
+    upd = Store("C", (i,), Binary(Op.ADD, Load("C", (i,), F32), Load("A", (i, k), F32), F32))
+    body = For(i, Const(0, I), Const(4, I), ForKind.SERIAL,
+               Seq((init, For(k, Const(0, I), Const(8, I), ForKind.SERIAL, upd))))
+    fn = LoopFunc("rs", (BufferDecl("A", (4, 8), F32),), (BufferDecl("C", (4,), F32),), body)
+    X = features_of_func(fn)
+    r = _raw(X)
+    assert X.shape[0] == 2
+    cols = [COL[c] for c in ("prog_statements", "prog_ops", "prog_outer_prod", "prog_bytes", "prog_intensity")]
+    np.testing.assert_array_equal(X[0, cols], X[1, cols])
+    assert r[0, COL["prog_statements"]] == pytest.approx(2) and r[0, COL["prog_ops"]] == pytest.approx(32)
+    assert r[0, COL["prog_outer_prod"]] == pytest.approx(4 + 32)
+    assert r[0, COL["prog_bytes"]] == pytest.approx(4 * 4 + (2 * 32 + 32) * 4)     # init writes; update C r/w + A
+
+
+def test_loop_features_inner_parallel_unroll_gather(monkeypatch):
+    """C[z, p, u] = A[u, p] with a parallel p inside a serial z (launched 3 times), u unrolled by the
+    pragma (4 <= 8), and A read with stride 5 along u (gathered)."""
+    from hlotune.cost_model import features
+
+    monkeypatch.setattr(features, "machine", lambda: (2, 512, 1024, 4096))
+    z, p, u = _v("z"), _v("p"), _v("u")
+    st = Store("C", (z, p, u), Load("A", (u, p), F32))
+    body = For(z, Const(0, I), Const(3, I), ForKind.SERIAL,
+               For(p, Const(0, I), Const(5, I), ForKind.PARALLEL,
+                   For(u, Const(0, I), Const(4, I), ForKind.SERIAL, st, (("auto_unroll_max_step", 8),))))
+    fn = LoopFunc("t", (BufferDecl("A", (4, 5), F32),), (BufferDecl("C", (3, 5, 4), F32),), body)
+    r = _raw(features_of_func(fn)[0])
+
+    def f(name):
+        return round(float(r[COL[name]]), 6)
+
+    assert f("par_launches") == 3 and f("par_extent") == 5
+    assert f("par_balance") == pytest.approx(5 / 6) and f("par_work") == pytest.approx(4)
+    assert f("vec_ok") == 0 and f("vec_contig") == 0 and f("vec_regs") == 0
+    assert (f("inner_len"), f("inner_contig"), f("inner_bcast"), f("inner_gather")) == (4, 1, 0, 1)
+    assert f("unroll_copies") == 4 and f("write_ratio") == pytest.approx(1)
+
+
+def test_fused_loop_reaching_both_halves_has_stride_one():
+    """B[((f // 16) % 2) * 16 + f % 16] is B[f % 32]: one step of f moves it by 1 (the fast path's split
+    relation says so too), not by 1 + 1."""
+    f = _v("f")
+    idx = Binary(Op.ADD, Binary(Op.MULTIPLY, Binary(Op.REMAINDER, Binary(Op.DIVIDE, f, Const(16, I), I),
+                                                    Const(2, I), I), Const(16, I), I),
+                 Binary(Op.REMAINDER, f, Const(16, I), I), I)
+    st = Store("C", (f,), Load("B", (idx,), F32))
+    fn = LoopFunc("bc", (BufferDecl("B", (32,), F32),), (BufferDecl("C", (64,), F32),),
+                  For(f, Const(0, I), Const(64, I), ForKind.SERIAL, st))
+    r = _raw(features_of_func(fn)[0])
+    assert round(float(r[COL["B0.stride"]]), 6) == 1 and round(float(r[COL["B1.stride"]]), 6) == 1
