@@ -109,7 +109,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                   time_budget=args.time_budget, seed=args.seed, workers=args.workers, cost_model=args.cost_model,
                   policy=args.policy, batch_size=args.batch_size, population=args.population,
                   generations=args.generations, early_stopping=args.early_stopping or None, timing=timing,
-                  progress=not args.quiet, log_dir=args.log_dir)
+                  progress=not args.quiet, log_dir=args.log_dir, confirm=max(0, args.confirm))
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
@@ -170,6 +170,9 @@ def _add_tune_parser(sub) -> None:
     p.add_argument("--early-stopping", type=int, default=DEFAULT_EARLY_STOPPING, metavar="N",
                    help=f"stop a subgraph after N trials without improvement (0: never; default "
                         f"{DEFAULT_EARLY_STOPPING})")
+    p.add_argument("--confirm", type=int, default=2, metavar="PASSES",
+                   help="candidates that beat a subgraph's best are measured PASSES more times beside it before "
+                        "they count (0: accept one timing; default 2)")
     p.add_argument("--repeats", type=int, default=None, help="timing repeats per candidate (default 3)")
     p.add_argument("--min-repeat-ms", type=float, default=None, help="minimum time per repeat (default 34 ms)")
     p.add_argument("--log-dir", default=None, help="where run logs go (default: HLOTUNE_LOG_DIR or logs/)")

@@ -510,22 +510,29 @@ def sample_schedules(sketch: Sketch, task=None, rng=0, n: int = 1, nondivisible:
             break
         tiles = tuple(sample_tile(h, rnd, nondivisible) for h in sketch.tiles)
         try:
-            state, _ = _build(sketch, tiles, rnd, None)
+            state, made = _build(sketch, tiles, rnd, None)
         except ScheduleError:
             continue
         if state.steps in seen:
             continue
         seen.add(state.steps)
-        out.append(make_schedule(wk, state.steps, sketch.id))
+        out.append(_noted(make_schedule(wk, state.steps, sketch.id), made))
     return out
+
+
+def _noted(schedule: Schedule, decisions: Decisions) -> Schedule:
+    """`schedule` with the decisions that made it kept beside it, so that `decisions_of` (every mutation and
+    crossover of it) need not read them back from the steps; they equal what `decisions_of` would read."""
+    schedule.__dict__["_decisions"] = decisions
+    return schedule
 
 
 def realize(sketch: Sketch, decisions: Decisions, rng=None, workload_key: str | None = None) -> Schedule:
     """The schedule of `decisions`.  With `rng` None every decision must be legal (else ScheduleError);
     with an rng, decisions that no longer fit (or are `Resample` markers) are drawn again at random."""
     rnd = None if rng is None else as_random(rng)
-    state, _ = _build(sketch, decisions.tiles, rnd, decisions)
-    return make_schedule(workload_key or sketch.workload_key, state.steps, sketch.id)
+    state, made = _build(sketch, decisions.tiles, rnd, decisions)
+    return _noted(make_schedule(workload_key or sketch.workload_key, state.steps, sketch.id), made)
 
 
 def default_like(sketch: Sketch, rng=0) -> Schedule | None:
@@ -577,6 +584,9 @@ def default_like(sketch: Sketch, rng=0) -> Schedule | None:
 
 def decisions_of(sketch: Sketch, schedule: Schedule) -> Decisions:
     """Read the decisions of a schedule of `sketch` back from its steps (inverse of `realize`)."""
+    made = schedule.__dict__.get("_decisions")
+    if made is not None and schedule.sketch == sketch.id and len(made.tiles) == len(sketch.tiles):
+        return made
     steps = schedule.steps
     T = len(sketch.steps)
     holes = {h.step for h in sketch.tiles}

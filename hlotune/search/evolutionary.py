@@ -28,11 +28,15 @@ give the same batch.
 from __future__ import annotations
 
 import heapq
+import os
+import pickle
 import random
+import warnings
 from collections import OrderedDict
 
 import numpy as np
 
+from .. import config
 from ..schedule_space.steps import Schedule
 from .space import TaskSpace, crossover, mutate, sample_random  # per sketch kind (CPU / GPU)
 
@@ -40,6 +44,65 @@ from .space import TaskSpace, crossover, mutate, sample_random  # per sketch kin
 FEATURE_CACHE = 20000
 #: measured schedules kept as seeds per task
 KEEP_BEST = 256
+#: a round's sampling and each generation's children are cut into this many chunks, each with its own random
+#: stream, so that the candidates do not depend on how many processes make them
+CHUNKS = 4
+
+
+def search_workers() -> int:
+    """Processes for one round (config `search_workers`; 0: one per core, at most CHUNKS)."""
+    n = int(config.get("search_workers"))
+    return max(1, n if n > 0 else min(CHUNKS, os.cpu_count() or 1))
+
+
+def fanout(fn, jobs: list[tuple], workers: int, *common) -> list:
+    """[fn(*job, *common) for job in jobs], the jobs shared round-robin between this process and `workers - 1`
+    processes forked from it (each sees this process' state: the task's sketches and caches, so nothing but
+    the jobs' results is sent, pickled, through a pipe).  A worker that fails has its jobs done here."""
+    workers = min(workers, len(jobs))
+    if workers <= 1 or not hasattr(os, "fork"):
+        return [fn(*j, *common) for j in jobs]
+    shares = [list(range(k, len(jobs), workers)) for k in range(workers)]
+    kids = []
+    for share in shares[1:]:
+        r, w = os.pipe()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)   # fork with threads: the child runs no C
+                pid = os.fork()                                        # library that holds their locks
+        except OSError:
+            os.close(r)
+            os.close(w)
+            shares[0] += share
+            continue
+        if pid == 0:   # the worker: compute, send, leave without running the parent's exit handlers
+            code = 1
+            try:
+                os.close(r)
+                data = pickle.dumps([(k, fn(*jobs[k], *common)) for k in share], protocol=pickle.HIGHEST_PROTOCOL)
+                with os.fdopen(w, "wb") as fh:
+                    fh.write(data)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        kids.append((pid, r, share))
+    out: list = [None] * len(jobs)
+    for k in shares[0]:
+        out[k] = fn(*jobs[k], *common)
+    for pid, r, share in kids:
+        with os.fdopen(r, "rb") as fh:
+            data = fh.read()
+        _, status = os.waitpid(pid, 0)
+        try:
+            got = pickle.loads(data) if status == 0 and data else None
+        except Exception:  # noqa: BLE001 - a truncated result: redo the share here
+            got = None
+        for k in share if got is None else ():
+            out[k] = fn(*jobs[k], *common)
+        for k, v in got or ():
+            out[k] = v
+    return out
 
 
 class FeatureCache:
@@ -49,6 +112,9 @@ class FeatureCache:
         self.size = size
         self.data: OrderedDict[str, np.ndarray | None] = OrderedDict()
 
+    def put(self, key: str, features: np.ndarray | None) -> None:
+        self.data[key] = features
+
     def get_many(self, space: TaskSpace, schedules: list[Schedule]) -> list[np.ndarray | None]:
         from ..cost_model.fast_features import batch_features
 
@@ -57,12 +123,12 @@ class FeatureCache:
             uniq = list({s.key: s for s in missing}.values())
             for s, f in zip(uniq, batch_features(space.task.compute, uniq, space.task.key)):
                 self.data[s.key] = f
-            while len(self.data) > self.size:
-                self.data.popitem(last=False)
         out = []
         for s in schedules:
             self.data.move_to_end(s.key)
             out.append(self.data[s.key])
+        while len(self.data) > self.size:   # evicted only now: a request larger than the cache still gets all
+            self.data.popitem(last=False)
         return out
 
 
@@ -104,7 +170,7 @@ class EvolutionarySearch:
 
     def __init__(self, space: TaskSpace, model, population: int = 2048, generations: int = 4,
                  eps_greedy: float = 0.05, mutation_prob: float = 0.85, crossover_prob: float = 0.1,
-                 measured_ratio: float = 0.2):
+                 measured_ratio: float = 0.2, workers: int | None = None):
         self.space = space
         self.model = model
         self.population = max(2, int(population))
@@ -114,6 +180,7 @@ class EvolutionarySearch:
         self.crossover_prob = crossover_prob
         self.measured_ratio = measured_ratio
         self.cache = FeatureCache()
+        self.workers = search_workers() if workers is None else max(1, int(workers))
         self.best: list[tuple[float, str, Schedule]] = []   # measured valid, fastest first
         self.stats: dict[str, float] = {}
 
@@ -128,25 +195,40 @@ class EvolutionarySearch:
         del self.best[KEEP_BEST:]
 
     # ------------------------------------------------------------------ one round
-    def _initial(self, rng: random.Random) -> tuple[list[Schedule], list[Schedule]]:
+    def _initial(self, rng: random.Random, featurize: bool = False) -> tuple[list[Schedule], list[Schedule]]:
         seeds = [s for _, _, s in self.best[: int(self.population * self.measured_ratio)]]
         keys = {s.key for s in seeds}
         seeds += [s for s in self.space.seeds if s.key not in keys]
-        rand = sample_random(self.space, rng, self.population - len(seeds), exclude={s.key for s in seeds})
+        n = self.population - len(seeds)
+        exclude = frozenset(s.key for s in seeds)
+        jobs = [(n * k // CHUNKS, n * (k + 1) // CHUNKS, rng.getrandbits(64)) for k in range(CHUNKS)]
+        rand = self._merge(fanout(self._sample_chunk, jobs, self.workers, exclude, featurize), exclude)
         return seeds + rand, rand
+
+    def _sample_chunk(self, lo: int, hi: int, seed: int, exclude: frozenset, featurize: bool):
+        got = sample_random(self.space, random.Random(seed), hi - lo, exclude=exclude)
+        return got, self._features_of(got) if featurize else None
 
     def _children(self, pop: list[Schedule], scores: np.ndarray, rng: random.Random) -> list[Schedule]:
         w = _weights(scores)
+        parents = rng.choices(range(len(pop)), weights=w, k=self.population)
+        m = len(parents)
+        jobs = [(m * k // CHUNKS, m * (k + 1) // CHUNKS, rng.getrandbits(64)) for k in range(CHUNKS)]
+        return self._merge(fanout(self._children_chunk, jobs, self.workers, pop, w, parents), set())
+
+    def _children_chunk(self, lo: int, hi: int, seed: int, pop: list[Schedule], w: list[float],
+                        parents: list[int]):
+        """Children of parents[lo:hi] (one random stream per chunk: the result does not depend on where the
+        chunk runs), with the features of those not in the cache."""
+        rng = random.Random(seed)
         groups: dict[str, tuple[list[int], list[float]]] = {}
         for i, s in enumerate(pop):
             g = groups.setdefault(s.sketch, ([], []))
             g[0].append(i)
             g[1].append(w[i])
-        parents = rng.choices(range(len(pop)), weights=w, k=self.population)
         out: list[Schedule] = []
-        seen: set[str] = set()
         by_id = self.space.by_id
-        for i in parents:
+        for i in parents[lo:hi]:
             p = pop[i]
             sk = by_id.get(p.sketch)
             child = None
@@ -159,10 +241,29 @@ class EvolutionarySearch:
                         child = crossover(sk, p, mate, rng) if mate.key != p.key else None
                 elif r < self.crossover_prob + self.mutation_prob:
                     child = mutate(sk, p, rng)
-            c = child or p
-            if c.key not in seen:
-                seen.add(c.key)
-                out.append(c)
+            out.append(child or p)
+        return out, self._features_of(out)
+
+    def _features_of(self, schedules: list[Schedule]) -> dict[str, np.ndarray | None]:
+        """Features of those of `schedules` the cache does not hold (computed where the chunk runs)."""
+        from ..cost_model.fast_features import batch_features
+
+        new = list({s.key: s for s in schedules if s.key not in self.cache.data}.values())
+        if not new:
+            return {}
+        return {s.key: f for s, f in zip(new, batch_features(self.space.task.compute, new, self.space.task.key))}
+
+    def _merge(self, parts, exclude) -> list[Schedule]:
+        """The chunks' schedules in order without repeats; their features go into the cache."""
+        out: list[Schedule] = []
+        seen = set(exclude)
+        for scheds, feats in parts:
+            for k, f in (feats or {}).items():
+                self.cache.put(k, f)
+            for s in scheds:
+                if s.key not in seen:
+                    seen.add(s.key)
+                    out.append(s)
         return out
 
     def propose(self, n: int, measured: set[str], rng: random.Random) -> list[Schedule]:
@@ -170,11 +271,11 @@ class EvolutionarySearch:
         import time
 
         t0 = time.perf_counter()
-        pop, rand = self._initial(rng)
+        gens = self.generations if _informative(self.model) else 0
+        pop, rand = self._initial(rng, featurize=gens > 0)
         t_init = time.perf_counter() - t0
         cands: dict[str, tuple[float, Schedule]] = {}
         t_score = 0.0
-        gens = self.generations if _informative(self.model) else 0
         for g in range(gens + 1):
             t1 = time.perf_counter()
             sc = score(self.space, self.model, pop, self.cache)
@@ -209,4 +310,4 @@ class EvolutionarySearch:
         return out
 
 
-__all__ = ["EvolutionarySearch", "FeatureCache", "score"]
+__all__ = ["EvolutionarySearch", "FeatureCache", "score", "fanout", "search_workers"]

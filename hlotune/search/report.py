@@ -32,7 +32,7 @@ class WorkloadCurve:
     key: str
     name: str
     weight: int = 1
-    trials: list[int] = field(default_factory=list)          # global trial index of each record
+    trials: list[int] = field(default_factory=list)          # global trial index of each trial (a schedule)
     times: list[float] = field(default_factory=list)         # seconds since the first record
     best: list[float] = field(default_factory=list)          # running best (inf until a valid one)
     default_s: float | None = None
@@ -199,8 +199,17 @@ def build_report(db, model: Any = None, target: str | None = None) -> DbReport:
     for k in order:
         curves[k] = WorkloadCurve(k, names.get(k, k), weights.get(k, 1))
     m_trials, m_times, m_lat = [], [], []
-    for n, r in enumerate(recs, 1):
+    seen: set[tuple[str, str]] = set()
+    n = 0
+    for r in recs:
         c = curves.get(r.workload_key)
+        again = (r.workload_key, r.schedule_key) in seen   # a confirmation timing: no new trial
+        if again:
+            if r.valid and r.median is not None and c.best and r.median < c.best[-1]:
+                c.best[-1] = r.median
+            continue
+        seen.add((r.workload_key, r.schedule_key))
+        n += 1
         if c is None:
             c = curves[r.workload_key] = WorkloadCurve(r.workload_key, names.get(r.workload_key, r.workload_key))
         if r.workload_key not in dkeys:

@@ -291,13 +291,21 @@ class _TaskRun:
     default: float | None = None
     errors: Counter = field(default_factory=Counter)
     policy: Any = None
+    best_schedule: Schedule | None = None
 
-    def add(self, sched_key: str, cost: float, error_kind: str) -> None:
+    def add(self, sched_key: str, cost: float, error_kind: str, schedule: Schedule | None = None) -> None:
+        """One record of this task; a schedule measured again (a confirmation) is not a new trial, and the
+        best is the lowest median over all records (the database's rule)."""
+        if sched_key in self.measured:
+            if error_kind == "none" and math.isfinite(cost) and cost < self.best:
+                self.best, self.best_schedule = cost, schedule or self.best_schedule
+            return
         self.measured.add(sched_key)
         self.trials += 1
         if error_kind == "none" and math.isfinite(cost):
             self.valid += 1
-            self.best = min(self.best, cost)
+            if cost < self.best:
+                self.best, self.best_schedule = cost, schedule
             if self.space.default is not None and sched_key == self.space.default.key:
                 self.default = cost
         else:
@@ -309,7 +317,7 @@ class _TaskRun:
 def tune_model(model, db, target: Target, *, trials: int | None = None, time_budget: float | None = None,
                seed: int = 0, workers: int | None = None, cost_model: Any = None, policy: str = "evolutionary",
                batch_size: int = 64, population: int = 2048, generations: int = 4,
-               early_stopping: int | None = DEFAULT_EARLY_STOPPING, timing=None, measurer=None,
+               early_stopping: int | None = DEFAULT_EARLY_STOPPING, timing=None, measurer=None, confirm: int = 2,
                progress: bool = True, stream=None, log_dir: str | None = None, write_log: bool = True,
                db_location: str = "") -> TuneReport:
     """Tune `model` (a loaded `api.Model`) into the open database `db` (see the module docstring)."""
@@ -335,7 +343,8 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
     history: list[tuple[int, Any]] = []
     for i, r in enumerate(runs):
         for rec in db.records(r.task.key, target=fp):
-            r.add(rec.schedule_key, rec.median if rec.valid else math.inf, rec.error_kind)
+            cost = rec.median if rec.valid else math.inf
+            r.add(rec.schedule_key, cost, rec.error_kind, _schedule_of(rec) if cost < r.best else None)
             history.append((i, rec))
     total0 = sum(r.trials for r in runs)
     elapsed0 = log.elapsed_before() if total0 else 0.0   # a state file of a database since deleted counts nothing
@@ -371,15 +380,18 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
         _limit_run_time(measurer, [runs[i] for i in set(i_of)])
         inputs = [MeasureInput(runs[i].task, s) for i, s in zip(i_of, scheds)]
         results = measurer.measure_batch(inputs)
+        again = _confirm(measurer, runs, i_of, inputs, results, confirm) if confirm else []
         records = [to_record(inp, res) for inp, res in zip(inputs, results)]
-        db.add_many(records)                       # one transaction: the batch is in, or none of it
+        db.add_many(records + [to_record(inp, res) for _, inp, res in again])   # one transaction
         report.measure_s += time.perf_counter() - t0
         done += len(records)
         costs = []
         for i, inp, res in zip(i_of, inputs, results):
             c = res.median if res.valid else math.inf
-            runs[i].add(inp.schedule.key, c, res.error_kind.value)
+            runs[i].add(inp.schedule.key, c, res.error_kind.value, inp.schedule)
             costs.append(c)
+        for i, inp, res in again:
+            runs[i].add(inp.schedule.key, res.median, res.error_kind.value, inp.schedule)
         if cmodel is not None:
             t1 = time.perf_counter()
             _model_update(cmodel, [(inp.task, inp.schedule, tuple(res.costs) if res.valid else ())
@@ -497,6 +509,62 @@ def _sum_default(runs: list[_TaskRun]) -> float | None:
     if any(r.default is None for r in runs):
         return None
     return sum(r.task.weight * r.default for r in runs)
+
+
+#: the first confirmation step measures this many candidates of a task again (the fastest first), each later
+#: step twice as many as the one before
+CONFIRM_TOP = 3
+
+
+def _confirm(measurer, runs: list[_TaskRun], i_of: list[int], inputs: list[MeasureInput], results: list,
+             passes: int) -> list[tuple[int, MeasureInput, Any]]:
+    """Guard against the winner's curse: one short timing that happened to be low must not become a task's
+    best.  Candidates of the batch that beat their task's best (fastest first, CONFIRM_TOP at a time; the first
+    valid one of a task, usually its default schedule, too) are
+    measured again `passes` times together with that best, in alternating order and one batch per pass, so
+    that both see the same machine; repeated (twice as many at a time) while candidates not yet confirmed beat
+    the new best, so no unconfirmed timing can become the best.  A candidate's result becomes its first
+    timing plus its confirmations (the record keeps every repeat, the median decides); each incumbent's
+    confirmation timings are returned as extra results to record (a schedule's best is the lowest median of
+    its records, as in the database).  `results` is updated in place."""
+    from dataclasses import replace
+
+    best = {i: (runs[i].best, runs[i].best_schedule) for i in set(i_of)}
+    confirmed: set[int] = set()
+    extra: list[tuple[int, MeasureInput, Any]] = []
+    for step in range(len(results)):
+        todo: dict[int, list[int]] = {}
+        for j, (i, res) in enumerate(zip(i_of, results)):
+            if j not in confirmed and res.valid and res.median < best[i][0]:
+                todo.setdefault(i, []).append(j)
+        if not todo:
+            break
+        todo = {i: sorted(js, key=lambda j: results[j].median)[:CONFIRM_TOP << step] for i, js in todo.items()}
+        inc: dict[int, list[float]] = {i: [] for i in todo}
+        more: dict[int, list[float]] = {j: [] for js in todo.values() for j in js}
+        for p in range(passes):
+            batch = []   # (task, index into inputs; -1: the task's incumbent)
+            for i, js in todo.items():
+                group = [(i, -1)] * (best[i][1] is not None) + [(i, j) for j in js]
+                batch += group if p % 2 == 0 else group[::-1]
+            inps = [MeasureInput(runs[i].task, best[i][1]) if j < 0 else inputs[j] for i, j in batch]
+            for (i, j), res in zip(batch, measurer.measure_batch(inps)):
+                if res.valid:
+                    (inc[i] if j < 0 else more[j]).extend(res.costs)
+        for i, js in todo.items():
+            b, bs = best[i]
+            if inc[i]:
+                r0 = results[js[0]]
+                extra.append((i, MeasureInput(runs[i].task, bs),
+                              replace(r0, costs=tuple(inc[i]), error_msg="", build_s=0.0, run_s=0.0)))
+                b = min(b, extra[-1][2].median)
+            for j in js:
+                confirmed.add(j)
+                results[j] = replace(results[j], costs=tuple(results[j].costs) + tuple(more[j]))
+                if results[j].median < b:
+                    b, bs = results[j].median, inputs[j].schedule
+            best[i] = (b, bs)
+    return extra
 
 
 #: a candidate's run (check + warm-up + timing: about RUN_CALLS calls) may take SLOWDOWN times the best latency

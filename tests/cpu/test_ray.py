@@ -80,11 +80,11 @@ def test_two_targets_pinned_to_their_nodes(cluster, tmp_path):
     try:
         for t, r in zip((a, b), rep.reports):
             recs = list(db.records(target=t.fingerprint))
-            assert r.trials == r.total_trials == 10 and len(recs) == 10
+            assert r.trials == r.total_trials == 10 and len(recs) >= 10   # more: confirmation timings of bests
             assert len({x.schedule_key for x in recs}) == 10
             assert sum(x.valid for x in recs) >= 8, [(x.error_kind, x.error_msg[:200], x.run_s) for x in recs]
             assert all(x.target_family == t.family for x in recs)
-            assert stats[t.fingerprint]["candidates"] == 10 and stats[t.fingerprint]["lost"] == 0
+            assert stats[t.fingerprint]["candidates"] == len(recs) and stats[t.fingerprint]["lost"] == 0
     finally:
         db.close()
 
@@ -101,7 +101,7 @@ def test_cli_ray_kind_resolves_to_matching_machines(cluster, tmp_path, capsys):
     assert rc == 0
     assert "6 trials" in capsys.readouterr().out
     recs = list(open_database(db).records())
-    assert len(recs) == 6 and {r.target for r in recs} == {cluster["host"].fingerprint}
+    assert len({r.schedule_key for r in recs}) == 6 and {r.target for r in recs} == {cluster["host"].fingerprint}
 
 
 def test_node_killed_mid_run_loses_no_record(cluster, tmp_path):
@@ -141,7 +141,7 @@ def test_node_killed_mid_run_loses_no_record(cluster, tmp_path):
     assert rep.trials == 24 and rep.stop_reason.startswith("trial budget") and not rep.interrupted
     assert stats["actor_deaths"] >= 1 and stats["requeued"] >= 1 and stats["lost"] == 0
     recs = list(open_database(db_spec).records())
-    assert len(recs) == 24 and len({r.schedule_key for r in recs}) == 24
+    assert len(recs) >= 24 and len({r.schedule_key for r in recs}) == 24
     assert not [r for r in recs if r.error_kind == "unknown"]
     # after the kill, everything went to the surviving node
     assert _nodes(stats["by_node"]) <= {cluster["w1"][:8], w3.node_id[:8]}

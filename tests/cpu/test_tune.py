@@ -28,7 +28,7 @@ def test_tune_small_model_end_to_end(tmp_path):
     assert n_tasks >= 2 and sum(s.trials for s in rep.subgraphs) == 16
     db = open_database(db_path)
     recs = list(db.records())
-    assert len(recs) == 16 and len({r.schedule_key for r in recs}) == 16
+    assert len({r.schedule_key for r in recs}) == 16   # 16 trials (plus the confirmation timings of new bests)
     # trial 0: the default schedule of every subgraph, measured first
     assert all(json.loads(r.steps).get("sketch") == DEFAULT_SKETCH for r in recs[:n_tasks])
     for s in rep.subgraphs:
