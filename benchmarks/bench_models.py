@@ -107,13 +107,14 @@ def _warm_llvm() -> float:
     return time.perf_counter() - t0
 
 
-def compile_model(name: str, entry: dict):
-    """(executable, wall seconds) of hlotune.compile on the bench-size HLO.  The in-memory kernel cache
-    holds only the warm-up model here (each model runs in a fresh process), so this is a cold compile."""
+def compile_model(name: str, entry: dict, tuning_log: str | None = None):
+    """(executable, wall seconds) of hlotune.compile on the bench-size HLO (with the best schedules of
+    `tuning_log` when given).  The in-memory kernel cache holds only the warm-up model here (each model runs in
+    a fresh process), so this is a cold compile."""
     import hlotune
 
     t0 = time.perf_counter()
-    exe = hlotune.compile(str(bench_hlo_path(name, entry)))
+    exe = hlotune.compile(str(bench_hlo_path(name, entry)), tuning_log=tuning_log)
     return exe, time.perf_counter() - t0
 
 
@@ -121,7 +122,7 @@ def _hlotune_steps(a: argparse.Namespace, entry: dict, args: list[np.ndarray]) -
     rule = QUICK if a.quick else FULL
     _emit("start", warm_malloc=warm_malloc(), llvm_warmup_s=_warm_llvm())
     try:
-        exe, wall = compile_model(a.model, entry)
+        exe, wall = compile_model(a.model, entry, a.tuning_log)
         _emit("compile", ok=True, wall_s=wall, compile_s=getattr(exe, "compile_s", None),
               sources=sorted(set(exe.sources().values())) if hasattr(exe, "sources") else None)
     except Exception as e:  # noqa: BLE001 - reported as the model's row
@@ -172,6 +173,7 @@ def main() -> int:
     ap.add_argument("--side", choices=("hlotune", "numpy"), default="hlotune",
                     help="hlotune: compile + time; numpy: the numpy version (+ --reference)")
     ap.add_argument("--outputs", help="where to save this side's outputs (npz)")
+    ap.add_argument("--tuning-log", default=None, help="hlotune side: compile with this tuning database")
     ap.add_argument("--reference", help="numpy side: also run the reference interpreter, outputs here")
     ap.add_argument("--quick", action="store_true")
     return run_steps(ap.parse_args())

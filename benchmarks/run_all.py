@@ -212,10 +212,19 @@ def run_jax(name: str, tmp: Path, jax_python: str, quick: bool, timeout: float) 
     return {"ok": True, **lines[-1]}
 
 
-def run_worker(name: str, tmp: Path, side: str, quick: bool, timeout: float, reference: bool = False) -> dict:
+def tuning_log_of(name: str, logs: str | None) -> str | None:
+    """The tuning database of model `name` in the folder `logs` (`NAME.db`), when there is one."""
+    if not logs:
+        return None
+    p = Path(logs) / f"{name}.db"
+    return str(p) if p.exists() else None
+
+
+def run_worker(name: str, tmp: Path, side: str, quick: bool, timeout: float, reference: bool = False,
+               tuning_log: str | None = None) -> dict:
     """bench_models.py for one side ('hlotune' or 'numpy'); returns its steps by name."""
     cmd = [sys.executable, str(HERE / "bench_models.py"), name, "--side", side, "--inputs", str(tmp / "in.npz"),
-           "--outputs", str(tmp / f"{side}.npz")]
+           "--outputs", str(tmp / f"{side}.npz")] + (["--tuning-log", tuning_log] if tuning_log else [])
     cmd += (["--quick"] if quick else []) + (["--reference", str(tmp / "ref.npz")] if reference else [])
     rc, out, err = _run(cmd, timeout)
     steps = {d["step"]: d for d in _json_lines(out) if "step" in d}
@@ -240,7 +249,8 @@ def run_model(name: str, entry: dict, args: argparse.Namespace, jax_python: str 
         use_ref = not (res.get("jax") or {}).get("ok")
         if use_ref or name in NUMPY_IMPLS:
             res.update(run_worker(name, tmp, "numpy", args.quick, args.timeout, reference=use_ref))
-        res.update(run_worker(name, tmp, "hlotune", args.quick, args.timeout))
+        res["tuning_log"] = tuning_log_of(name, args.tuning_logs)
+        res.update(run_worker(name, tmp, "hlotune", args.quick, args.timeout, tuning_log=res["tuning_log"]))
         ref_name = "jax" if not use_ref else "reference"
         refs = _load_outs(tmp / ("jax.npz" if not use_ref else "ref.npz"))
         outs = _load_outs(tmp / "hlotune.npz")
@@ -369,8 +379,10 @@ def table(results: list[dict], pk: dict) -> tuple[list[str], list[str]]:
 
 
 def render_markdown(results: list[dict], info: dict, pk: dict, command: str, started: str, wall_s: float,
-                    steal: float | None, quick: bool) -> str:
+                    steal: float | None, quick: bool, tuned: bool = False) -> str:
     lines, notes = table(results, pk)
+    if tuned:
+        return _render_tuned(results, lines, notes, info, command, started, wall_s, steal)
     n_pass = sum(1 for r in results if not r["missed"])
     n_judged = sum(1 for r in results if r["missed"] != ["no JAX time"])
     blas = pk.get("blas", {})
@@ -422,6 +434,27 @@ def render_markdown(results: list[dict], info: dict, pk: dict, command: str, sta
     return "\n".join(out) + "\n"
 
 
+def _render_tuned(results, lines, notes, info, command, started, wall_s, steal) -> str:
+    """The tuned-schedules section: the same table, with issue 6's targets."""
+    sp = [r["derived"].get("speedup") for r in results]
+    gm = _geomean(sp)
+    slower = [r["model"] for r in results if (r["derived"].get("speedup") or 0) < 1.0]
+    logs = ", ".join(f"{r['model']} ({Path(r['tuning_log']).name})" for r in results if r.get("tuning_log"))
+    untuned = [r["model"] for r in results if not r.get("tuning_log")]
+    out = ["## CPU: tuned schedules vs JAX-jit", "",
+           f"Made by `{command}` on {started} ({wall_s:.0f} s); load average at start "
+           f"{', '.join(f'{x:.2f}' for x in info['loadavg'] or ())}; CPU steal {_fmt(steal and steal * 100, '.1f')}%. "
+           "Same method as the default-schedule table above, but each model is compiled with the best schedules of "
+           f"its tuning database: {logs or 'none'}" + (f"; no database (default schedules): {', '.join(untuned)}"
+                                                        if untuned else "") + ".", "", *lines, "",
+           f"Targets (issue 6): geometric mean ≥ 1.5x JAX-jit: {_fmt(gm, '.2f')}x -> "
+           f"{'met' if gm and gm >= 1.5 else 'NOT MET'}; no model slower than JAX: "
+           + ("met" if not slower else f"NOT MET ({', '.join(slower)})") + "."]
+    if notes:
+        out += ["", "Errors:", "", *notes]
+    return "\n".join(out) + "\n"
+
+
 def _peak_runs_text(pk: dict) -> str:
     runs = [r for r in pk.get("runs", ()) if "error" not in r]
     if len(runs) < 2:
@@ -430,10 +463,15 @@ def _peak_runs_text(pk: dict) -> str:
             + " / ".join(f"{r['peak_gbs']:.1f}" for r in runs) + " GB/s")
 
 
-def write_markdown(path: Path, body: str) -> None:
+TUNED_START = "<!-- bench:cpu-tuned:start -->"
+TUNED_END = "<!-- bench:cpu-tuned:end -->"
+
+
+def write_markdown(path: Path, body: str, tuned: bool = False) -> None:
     text = path.read_text(encoding="utf-8") if path.exists() else NEW_DOC
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(replace_section(text, body), encoding="utf-8")
+    marks = (TUNED_START, TUNED_END) if tuned else ()
+    path.write_text(replace_section(text, body, *marks), encoding="utf-8")
 
 
 # ---- main ----------------------------------------------------------------------------------------
@@ -465,6 +503,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks.md"), help="markdown file to update")
     ap.add_argument("--json", help="also write all raw results here")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per model and side")
+    ap.add_argument("--tuning-logs", default=None, metavar="DIR",
+                    help="compile each model with DIR/NAME.db (its tuning database) where there is one; the table "
+                         "goes to the section of tuned results")
     return ap.parse_args(argv)
 
 
@@ -503,8 +544,9 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     steal = steal_fraction(stat0, cpu_times())
     command = " ".join(["python benchmarks/run_all.py", *argv]) if argv else "make bench"  # make: no arguments
-    body = render_markdown(results, info, pk, command, started, wall, steal, args.quick)
-    write_markdown(Path(args.out), body)
+    tuned = bool(args.tuning_logs)
+    body = render_markdown(results, info, pk, command, started, wall, steal, args.quick, tuned)
+    write_markdown(Path(args.out), body, tuned)
     print(f"wrote {args.out}")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "peaks": pk, "steal": steal, "command": command,

@@ -81,3 +81,29 @@ def test_table_reports_a_failed_model_in_its_row():
     assert "FAIL: did not run" in row
     assert any("no \\| schedule" in n for n in notes)
     assert "2.00x" in lines[-1] and "(1 models)" in lines[-1]   # geometric mean over the models with both
+
+
+def test_tuned_section_judges_issue_6_targets_and_names_the_databases(tmp_path):
+    (tmp_path / "relu_chain.db").write_bytes(b"")
+    assert run_all.tuning_log_of("relu_chain", str(tmp_path)) == str(tmp_path / "relu_chain.db")
+    assert run_all.tuning_log_of("matmul", str(tmp_path)) is None and run_all.tuning_log_of("x", None) is None
+    pk = {"peak_gflops": 100.0, "peak_gbs": 20.0}
+    rows = []
+    for name, ours, jax in (("relu_chain", 2.0, 4.0), ("matmul", 10.0, 9.0)):
+        r = {"model": name, "flops": 4e7, "min_bytes": 8e7, "bound": "bytes", "compile": {"ok": True, "wall_s": 0.5},
+             "hlotune": {"ok": True, "timing": _timing(ours)},
+             "jax": {"ok": True, "timing": _timing(jax), "first_call_s": 0.1},
+             "tuning_log": run_all.tuning_log_of(name, str(tmp_path))}
+        r["derived"] = run_all.derived(r, pk)
+        r["missed"] = run_all.row_targets(r, r["derived"])
+        rows.append(r)
+    info = {"loadavg": (0.5, 0.5, 0.5)}
+    text = run_all.render_markdown(rows, info, pk, "cmd", "now", 1.0, 0.0, False, tuned=True)
+    assert text.startswith("## CPU: tuned schedules vs JAX-jit")
+    assert "relu_chain (relu_chain.db)" in text and "no database (default schedules): matmul" in text
+    assert "NOT MET (matmul)" in text and "1.34x -> NOT MET" in text     # geomean of 2.0 and 0.9
+    path = tmp_path / "b.md"
+    path.write_text("# B\n" + common.START + "\ndefault table\n" + common.END + "\n")
+    run_all.write_markdown(path, text, tuned=True)
+    out = path.read_text()
+    assert "default table" in out and run_all.TUNED_START in out and out.index(common.END) < out.index(text[:20])
