@@ -63,6 +63,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_dir", str, "logs", "where `hlotune tune` writes run logs by default"),
     Setting("num_threads", int, 0, "threads for parallel loops on the CPU (0: one per core)"),
     Setting("opt_level", int, 3, "LLVM optimization level for generated CPU code"),
+    Setting("measure_realtime", _bool, False, "time CPU candidates at real-time priority (SCHED_RR) where this "
+                                              "user may: other jobs can then not preempt a parallel kernel's threads"),
     Setting("search_workers", int, 0, "processes for one evolutionary search round (mutation and features; "
                                       "0: one per core, at most 4; 1: none forked)"),
     Setting("postgres_url", str, "", "PostgreSQL URL used by the database tests (skipped when empty)"),

@@ -197,3 +197,36 @@ def test_to_record_round_trip(measurer):
     assert Record.from_json_line(rec.to_json_line()) == rec
     brec = to_record(bad, rb)
     assert brec.error_kind == "instantiation" and brec.costs == () and not brec.valid
+
+
+_RT_PROBE = """
+import os
+from hlotune.measure.runner import LocalRunner
+r = LocalRunner()
+r.start()
+print(os.sched_getscheduler(r._worker.proc.pid))
+r.close()
+"""
+
+
+def _may_use_realtime() -> bool:
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", "import os; os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))"],
+                       capture_output=True)
+    return p.returncode == 0
+
+
+@pytest.mark.parametrize("on", ["1", "0"])
+def test_runner_takes_real_time_priority_when_asked_and_allowed(on):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HLOTUNE_MEASURE_REALTIME=on)
+    p = subprocess.run([sys.executable, "-c", _RT_PROBE], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr[-500:]
+    policy = int(p.stdout.split()[-1])
+    want = os.SCHED_RR if on == "1" and _may_use_realtime() else os.SCHED_OTHER
+    assert policy == want
