@@ -193,7 +193,8 @@ def _f(x, spec=".3f") -> str:
 
 def report(a, state: dict, command: str) -> str:
     lo, hi = (str(n) for n in sorted(state.get("trials", a.trials)))
-    L = [f"Made by `{command}` on {state.get('started', '?')} (load average at start {state.get('load_start')}, "
+    L = ["## Search: hlotune vs TVM MetaSchedule at equal trials (workloads A, B, C of ../shared/peers)", "",
+         f"Made by `{command}` on {state.get('started', '?')} (load average at start {state.get('load_start')}, "
          f"at the end {state.get('load_end')}). TVM {state.get('tvm_version', '?')} MetaSchedule through the shared "
          f"peer script with target `{json.dumps(state.get('tvm_target'))}` (this machine's CPU, all cores); hlotune "
          f"with its defaults (evolutionary search, XGBoost cost model, batch 64, confirmation of new bests), one "
