@@ -84,7 +84,7 @@ def test_two_targets_pinned_to_their_nodes(cluster, tmp_path):
             assert len({x.schedule_key for x in recs}) == 10
             assert sum(x.valid for x in recs) >= 8, [(x.error_kind, x.error_msg[:200], x.run_s) for x in recs]
             assert all(x.target_family == t.family for x in recs)
-            assert stats[t.fingerprint]["candidates"] == len(recs) and stats[t.fingerprint]["lost"] == 0
+            assert stats[t.fingerprint]["candidates"] >= len(recs) and stats[t.fingerprint]["lost"] == 0
     finally:
         db.close()
 
