@@ -58,10 +58,11 @@ def test_sigkill_then_resume(tmp_path):
             proc.kill()
     committed = max(e["trials_total"] for e in _events(logs)[-1] if "trials_total" in e)
     assert committed >= done[-1]["trials_total"]
-    keys = [r.schedule_key for r in open_database(db).records()]
+    # one trial per schedule (a best measured again to confirm a faster one adds a record, not a trial)
+    keys = {r.schedule_key for r in open_database(db).records()}
     # nothing committed is lost; at most the batch in flight is
     assert committed <= len(keys) <= committed + BATCH
-    assert len(set(keys)) == len(keys) and len(keys) < 28
+    assert len(keys) < 28
     # the database verifies (best records rebuilt and re-checked by the real compiler)
     assert cli_main(["db", "verify", db]) == 0
     # the same command continues: the budget counts what is done, nothing is measured again
@@ -70,7 +71,7 @@ def test_sigkill_then_resume(tmp_path):
     start = _events(logs)[-1][0]
     assert start["event"] == "start" and start["trials_before"] == len(keys)
     recs = list(open_database(db).records())
-    assert len(recs) == 28 and len({r.schedule_key for r in recs}) == 28
+    assert len({r.schedule_key for r in recs}) == 28
     assert "trial budget (28) reached" in out.stdout
 
 
