@@ -178,6 +178,12 @@ def _names_weights(model) -> tuple[dict[str, str], dict[str, int], list[str], st
     return ({t.key: t.name for t in tasks}, {t.key: t.weight for t in tasks}, [t.key for t in tasks], model.name)
 
 
+def _model_latency(curves) -> float:
+    """Sum of weight x (best so far, else default) latency; inf while some workload has neither."""
+    return sum(c.weight * (c.best[-1] if c.best and math.isfinite(c.best[-1]) else (c.default_s or math.inf))
+               for c in curves)
+
+
 def build_report(db, model: Any = None, target: str | None = None) -> DbReport:
     """Curves and summaries of the records in `db` (one target: `target`, else the one with most records).
     With `model` (an api.Model), only its workloads, named and weighted as in the model."""
@@ -207,6 +213,8 @@ def build_report(db, model: Any = None, target: str | None = None) -> DbReport:
         if again:
             if r.valid and r.median is not None and c.best and r.median < c.best[-1]:
                 c.best[-1] = r.median
+                if m_lat:   # the model's latency at the last trial moves with it
+                    m_lat[-1] = _model_latency(curves.values())
             continue
         seen.add((r.workload_key, r.schedule_key))
         n += 1
@@ -230,12 +238,11 @@ def build_report(db, model: Any = None, target: str | None = None) -> DbReport:
         c.best.append(prev)
         c.trials.append(n)
         c.times.append(r.timestamp - t0)
-        lat = [cc.weight * (cc.best[-1] if cc.best and math.isfinite(cc.best[-1]) else (cc.default_s or math.inf))
-               for cc in curves.values()]
-        if all(math.isfinite(v) for v in lat):
+        lat = _model_latency(curves.values())
+        if math.isfinite(lat):
             m_trials.append(n)
             m_times.append(r.timestamp - t0)
-            m_lat.append(sum(lat))
+            m_lat.append(lat)
     return DbReport(getattr(db, "location", ""), target or "", list(curves.values()), m_trials, m_times, m_lat,
                     model_name)
 
