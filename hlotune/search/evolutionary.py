@@ -5,6 +5,8 @@ Map:
     .propose(n, measured, rng) -> list[Schedule]      one round: evolve, then pick a batch to measure
     .observe(schedules, costs)                        measured results: the best seed the next population
   score(space, model, schedules, cache) -> ndarray    predicted scores (higher = faster), features cached
+  fanout(fn, jobs, workers)                           a round's sampling / children chunks (CHUNKS, each its own
+                                                      random stream) run in processes forked from this one
 
 One round (`propose`):
   1. initial population: the best measured schedules (up to `measured_ratio` of it), the task's default-like
