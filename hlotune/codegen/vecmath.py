@@ -258,16 +258,28 @@ def _exp(e: _Em, x):
     return e.keep_nan(x, _exp_core(e, x))
 
 
+def _expm1_reduced(e: _Em, y):
+    """expm1(y) for |y| <= 45 (f64) / 30 (f32), so that 2**n stays normal; NaN gives NaN.
+
+    n = rint(y log2e) by the shifter trick: k = fma(y, log2e, 1.5 * 2**mant) holds n in its low mantissa
+    bits, so 2**n comes from bits(k) << mant without a float-to-int conversion (which would make NaN lanes
+    poison); then Cody-Waite r = y - n ln2, expm1(r) = r + r^2 P(r), and fma(2^n, expm1(r), 2^n - 1).
+    """
+    shifter = 1.5 * 2.0 ** e.mant
+    k = e.fma(y, e.c(_LOG2E), e.c(shifter))
+    n = e.sub(k, e.c(shifter))
+    l_hi, l_lo = _split(_LN2, e.f64, 2, hi_bits=(42 if e.f64 else 16))
+    r = e.fma(e.neg(n), e.c(l_hi), y)
+    r = e.fma(e.neg(n), e.c(l_lo), r)
+    em = e.fma(e.mul(r, r), e.poly(r, _taylor("exp", 15 if e.f64 else 9)[2:]), r)  # expm1(r)
+    s = e.from_bits(e.b.add(e.b.shl(e.bits(k), e.ci(e.mant)), e.ci(e.bias << e.mant)))
+    return e.fma(s, em, e.sub(s, e.c(1.0)))  # 2^n (em + 1) - 1
+
+
 def _expm1(e: _Em, x):
     big = 40.0 if e.f64 else 20.0
     xc = e.clamp(x, -45.0 if e.f64 else -30.0, big)
-    n = e.rint(e.mul(xc, e.c(_LOG2E)))
-    l_hi, l_lo = _split(_LN2, e.f64, 2, hi_bits=(42 if e.f64 else 16))
-    r = e.fma(e.neg(n), e.c(l_hi), xc)
-    r = e.fma(e.neg(n), e.c(l_lo), r)
-    em = e.fma(e.mul(r, r), e.poly(r, _taylor("exp", 15 if e.f64 else 9)[2:]), r)  # expm1(r)
-    s = e.pow2(e.b.fptosi(n, e.ity))
-    res = e.fma(s, em, e.sub(s, e.c(1.0)))  # 2^n (em + 1) - 1
+    res = _expm1_reduced(e, xc)
     res = e.sel(e.cmp(">", x, e.c(big)), _exp_core(e, x), res)
     return e.keep_zero(x, e.keep_nan(x, res))
 
@@ -353,17 +365,19 @@ def _log1p(e: _Em, x):
 
 
 def _tanh(e: _Em, x):
+    """copysign(t / (t + 2), x), t = expm1(2 min(|x|, 20 or 10)): one division, no clamps or specials paths
+    (NaN flows through as NaN, inf saturates at 1, -0 keeps its sign through copysign)."""
     ax = e.abs(x)
     lim = e.c(20.0 if e.f64 else 10.0)
     a = e.sel(e.cmp(">", ax, lim), lim, ax)  # NaN stays NaN
-    t = _call_helper(e, Op.EXPM1, [e.add(a, a)])
+    t = _expm1_reduced(e, e.add(a, a))
     return e.copysign(e.div(t, e.add(t, e.c(2.0))), x)
 
 
 def _logistic(e: _Em, x):
     ex = _call_helper(e, Op.EXP, [e.neg(e.abs(x))])
-    d = e.add(e.c(1.0), ex)
-    return e.sel(e.signbit(x), e.div(ex, d), e.div(e.c(1.0), d))
+    num = e.sel(e.signbit(x), ex, e.c(1.0))  # one division: e/(1+e) for x < 0, 1/(1+e) otherwise
+    return e.div(num, e.add(e.c(1.0), ex))
 
 
 def _erf(e: _Em, x):

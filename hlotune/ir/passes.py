@@ -10,7 +10,8 @@ Map:
   cse                    structurally equal instructions merged
   dedupe_computations    structurally equal computations (modulo names) merged; callers redirected
   constant_folding       instructions of constants evaluated with the interpreter (small results)
-  ALGEBRAIC_RULES        the table of algebraic simplifications, keyed by Op
+  ALGEBRAIC_RULES        the table of algebraic simplifications, keyed by Op (power by a constant in
+                         POWER_BY_MULTIPLY -> multiplies, 1, x or 1/x)
   algebraic_simplify     applies ALGEBRAIC_RULES
   simplify_tuples        get-tuple-element(tuple) and tuple(get-tuple-element...) cleanups
   optimize               the whole pipeline, iterated to a fixed point
@@ -489,11 +490,37 @@ def _concatenate(inst: Instruction, rw: _Rewriter):
     return _identity_if(len(inst.operands) == 1, inst, inst.operands[0], rw)
 
 
+#: constant float exponents that `_power` turns into multiplies (n: x**n with at most two roundings)
+POWER_BY_MULTIPLY = (0.0, 1.0, 2.0, 3.0, 4.0, -1.0)
+
+
+def _power(inst: Instruction, rw: _Rewriter):
+    """power(x, c) for a splat constant c in POWER_BY_MULTIPLY (float types): 1, x, x*x, (x*x)*x, (x*x)*(x*x),
+    1/x.  Exact where pow is (0, 1, 2, -1: one correctly rounded op, C99 special cases included); 3 and 4
+    round twice (under 2 ulp; x*x can only overflow or underflow where x**3, x**4 do too)."""
+    x, c = inst.operands
+    n = _splat(rw, c)
+    s = inst.shape
+    if not isinstance(s, ArrayShape) or not s.dtype.is_float or isinstance(n, bool) or n not in POWER_BY_MULTIPLY:
+        return None
+    if n == 1.0:
+        return _identity_if(True, inst, x, rw)
+    if n == 0.0:
+        return _splat_of(rw, inst.name, 1.0, s)
+    if n == -1.0:
+        return inst.replace(op=Op.DIVIDE, operands=(_splat_of(rw, inst.name, 1.0, s), x))
+    if n == 2.0:
+        return inst.replace(op=Op.MULTIPLY, operands=(x, x))
+    sq = rw.add(inst.name, Op.MULTIPLY, s, (x, x))
+    return inst.replace(op=Op.MULTIPLY, operands=(sq, x if n == 3.0 else sq))
+
+
 ALGEBRAIC_RULES: dict[Op, Rule] = {
     Op.ADD: _binary_identity(0.0, 0.0),
     Op.SUBTRACT: _binary_identity(None, 0.0),
     Op.MULTIPLY: _binary_identity(1.0, 1.0),
     Op.DIVIDE: _binary_identity(None, 1.0),
+    Op.POWER: _power,
     Op.MAXIMUM: _same_operands,
     Op.MINIMUM: _same_operands,
     Op.AND: _same_operands,
