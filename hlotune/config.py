@@ -56,6 +56,13 @@ def _bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
+def _choice(text: str, values: tuple[str, ...]) -> str:
+    low = text.strip().lower()
+    if low not in values:
+        raise ValueError(f"not one of {', '.join(values)}: {text!r}")
+    return low
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("debug", int, 0, "logging detail 0-5 (see DEBUG_LEVELS); also shows tracebacks in the CLI"),
     Setting("cache_dir", str, os.path.join(os.path.expanduser("~"), ".cache", "hlotune"),
@@ -65,10 +72,21 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("opt_level", int, 3, "LLVM optimization level for generated CPU code"),
     Setting("measure_realtime", _bool, False, "time CPU candidates at real-time priority (SCHED_RR) where this "
                                               "user may: other jobs can then not preempt a parallel kernel's threads"),
+    Setting("measure_cutoff", float, 3.0, "a candidate whose first timed repeat is more than this many times slower "
+                                          "than its task's best stops there (recorded with that repeat; 0: off)"),
+    Setting("tune_pipeline", lambda t: _choice(t, ("auto", "on", "off")), "auto",
+            "search the next batch while one is measured: auto (when the CPU runner times at real-time priority, "
+            "HLOTUNE_MEASURE_REALTIME, or on cuda), on or off"),
     Setting("search_workers", int, 0, "processes for one evolutionary search round (mutation and features; "
                                       "0: one per core, at most 4; 1: none forked)"),
+    Setting("cost_model", str, "auto", "cost model the evolutionary search starts from: 'auto' (the model shipped "
+                                       "with hlotune for the CPU, hlotune/data/cost_model_cpu.json; a fresh one on "
+                                       "other targets), 'none' (a fresh model, random until it has data) or a path "
+                                       "(hlotune cost-model train)"),
     Setting("postgres_url", str, "", "PostgreSQL URL used by the database tests (skipped when empty)"),
     Setting("no_fuse", _bool, False, "disable fusion (one subgraph per instruction); for debugging"),
+    Setting("row_fusion", _bool, True, "row (normalization) fusion: a reduction over the minor dims fuses with its "
+                                       "consumers that read it broadcast along a row (softmax, layernorm: one pass)"),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 

@@ -8,10 +8,20 @@ Map:
                                 vectorized over the contiguous space axis; full reductions split
                                 into parallel partials
   _elementwise(S, ...)          parallel outer loop, vectorized innermost axis
+  _row_plan(cd, ...)            row (normalization) subgraphs, see `fusion` row fusion: the row
+                                statistics (reductions over the trailing axes) and the full-row
+                                intermediates computed at the parallel row loop of the output
+  row_sketch(cd, target)        the same plan with holes, a sketch template for the search
 
 Rules (CPU): every stage stays at root except a tiled reduction, which is computed inside the tile
 loop of its consumer (Ansor's "fuse the elementwise consumer") or of a local cache_write copy (its
-accumulator tile then lives in registers).  Loops are parallel only when a stage has enough work
+accumulator tile then lives in registers), and the stages of a row subgraph (softmax, layernorm, RMS
+norm): the last output that reads row statistics (reductions over its trailing axes) is the host, parallel
+over its (fused) row loops; every non-output stage with the same row axes whose consumers are all
+inside the host is computed at the host's row loop, reductions vectorized along the row with up to
+REDUCE_VECS accumulators (rfactor) folded by vector operations, so a row is read from memory once, stays
+in cache for the next stage and the output is written once.  Rows too short for a vector (10 logits) keep
+the per-stage defaults, which vectorize across rows.  Loops are parallel only when a stage has enough work
 to pay for waking the thread pool; vector widths are the target's lanes for the element type;
 tile sizes are divisors of the extents, so no guards are needed.
 """
@@ -39,6 +49,15 @@ TILE_M = 64
 TILE_N = 64
 #: vector accumulators of a full reduction (hide the latency of the adds)
 REDUCE_VECS = 4
+#: row reductions (see `_row_reduction`): a narrower vector when a row has fewer than this many vectors, and
+#: one more accumulator per this many vectors (at most REDUCE_VECS)
+ROW_MIN_VECS = 4
+ROW_VECS_PER_ACC = 4
+#: the partials of a row reduction are folded by vector operations down to this many lanes, then added one
+#: after the other.  Measured (softmax, 4M floats, rows of 32..4096): folding the 16..64 partials one by one
+#: (a chain of dependent scalar ops per row) cost up to 40% (short rows); with the fold the accumulator
+#: count (1..16 per row) changes the time by less than 3%
+ROW_TREE_LANES = 4
 #: pack B only when at least this many output rows reuse each of its elements
 PACK_MIN_ROWS = 16
 
@@ -51,6 +70,11 @@ def default_schedule(cd: ComputeDef, target: Target | None = None) -> list[Step]
     consumers = _consumers(cd)
     done: set[str] = set()
     names = {s.name for s in cd.stages} | {b.name for b in cd.inputs}
+    row = _row_plan(cd, lanes, names, consumers)
+    if row is not None:
+        row_steps, attached = row
+        steps += row_steps
+        done |= attached
     for stage in reversed(cd.stages):
         if stage.name in done:
             continue
@@ -70,6 +94,177 @@ def default_schedule(cd: ComputeDef, target: Target | None = None) -> list[Step]
         else:
             steps += _elementwise(stage, lanes, target.cores)
     return steps
+
+
+# ----------------------------------------------------------------------------- row subgraphs
+
+def _row_host(cd: ComputeDef) -> tuple[Stage, int] | None:
+    """The host of a row subgraph and its number of row axes k: the last output that is not a reduction
+    and whose first k axes are the space axes of every reduction (all of which reduce the rest)."""
+    reds = [s for s in cd.stages if s.is_reduction]
+    spaces = {(tuple(a.extent for a in r.axes), tuple(a.extent for a in r.reduce_axes)) for r in reds}
+    if len(spaces) != 1:
+        return None
+    ((row, red),) = spaces
+    k = len(row)
+    if k < 1:
+        return None
+    for name in reversed(cd.outputs):
+        h = cd.stage(name)
+        if (not h.is_reduction and tuple(a.extent for a in h.axes) == row + red   # a dot's output is not
+                and _reads_any(cd, h, reds)):
+            return h, k
+    return None
+
+
+def _loaded(stage: Stage) -> set[str]:
+    return {e.buffer for e in walk(stage.body) if isinstance(e, Load)}
+
+
+def _reads_any(cd: ComputeDef, stage: Stage, reds: list[Stage]) -> bool:
+    """`stage` reads one of `reds`, directly or through other stages."""
+    want = {r.name for r in reds}
+    seen, todo = set(), [stage.name]
+    while todo:
+        n = todo.pop()
+        for b in _loaded(cd.stage(n)):
+            if b in want:
+                return True
+            if b in cd.stage_by_name and b not in seen:
+                seen.add(b)
+                todo.append(b)
+    return False
+
+
+def _row_members(cd: ComputeDef, lanes: int, consumers: dict[str, list[str]]) -> tuple[Stage, int, list[Stage]] | None:
+    """(host, number of row axes, the stages computed at its row loop, last first) of a row subgraph."""
+    found = _row_host(cd)
+    if found is None:
+        return None
+    host, k = found
+    if not _vector_width(host.axes[-1].extent, lanes):
+        return None     # rows that take no vector (e.g. 10 logits): per-stage defaults vectorize across rows
+    row = tuple(a.extent for a in host.axes[:k])
+    attached: list[Stage] = []
+    inside = {host.name}
+    for s in reversed(cd.stages):
+        if (s.name in inside or s.name in cd.outputs or tuple(a.extent for a in s.axes[:k]) != row
+                or not consumers[s.name] or not set(consumers[s.name]) <= inside):
+            continue
+        attached.append(s)
+        inside.add(s.name)
+    if not any(s.is_reduction for s in attached):
+        return None
+    return host, k, attached
+
+
+def _row_steps(host: Stage, k: int, attached: list[Stage], lanes: int, names: set[str], holes: bool) -> list[Step]:
+    """The row plan's steps; with `holes`, the Splits of the host's row loop (rows per parallel task) and of
+    the innermost axes of the host and the full-row intermediates (vector lanes) have factor None."""
+    steps: list[Step] = []
+    for s in attached:
+        if s.is_reduction:
+            steps += _row_reduction(s, lanes, names)
+    h = host.name
+    outer = [a.name for a in host.axes[:k]]
+    at = outer[0]
+    if k > 1:
+        steps.append(Fuse(h, tuple(outer)))
+        at = "@".join(outer)
+    if holes:
+        steps += [Split(h, at, (None,)), Annotate(h, f"{at}.0", ForKind.PARALLEL)]
+        at = f"{at}.1"
+    elif _work(host) * (1 + len(attached)) >= PARALLEL_MIN_WORK:
+        steps.append(Annotate(h, at, ForKind.PARALLEL))
+    steps += _row_vectorize(host, lanes, holes)
+    steps += [ComputeAt(s.name, h, at) for s in attached]
+    for s in attached:
+        if not s.is_reduction:
+            steps += _row_vectorize(s, lanes, holes)
+    return steps
+
+
+def _row_plan(cd: ComputeDef, lanes: int, names: set[str],
+              consumers: dict[str, list[str]]) -> tuple[list[Step], set[str]] | None:
+    """The steps of a row subgraph (see the module docstring) and the stages they schedule; None when
+    `cd` is not one (or the plan does not replay: then every stage gets its own default)."""
+    from ..errors import ScheduleError
+    from .state import replay
+
+    found = _row_members(cd, lanes, consumers)
+    if found is None:
+        return None
+    host, k, attached = found
+    trial = set(names)
+    steps = _row_steps(host, k, attached, lanes, trial, False)
+    try:
+        replay(cd, steps)
+    except ScheduleError:
+        return None
+    names |= trial
+    return steps, {host.name} | {s.name for s in attached}
+
+
+def row_sketch(cd: ComputeDef, target: Target | None = None) -> tuple[list[Step], set[str]] | None:
+    """The default's row plan as a sketch template for the search (`sketch.generate_sketches`): its steps with
+    holes (Split factors None: rows per parallel task, vector lanes of the host and of the full-row
+    intermediates) and the stages it schedules; None when `cd` is not a row subgraph."""
+    target = target or Target.host_cpu()
+    lanes = max(1, target.vector_bits // 32)
+    consumers = _consumers(cd)
+    names = {s.name for s in cd.stages} | {b.name for b in cd.inputs}
+    if _row_plan(cd, lanes, set(names), consumers) is None:
+        return None
+    host, k, attached = _row_members(cd, lanes, consumers)
+    return _row_steps(host, k, attached, lanes, names, True), {host.name} | {s.name for s in attached}
+
+
+def _row_reduction(stage: Stage, lanes: int, names: set[str]) -> list[Step]:
+    """A row reduction computed per row: `nacc` vector accumulators of v lanes along the contiguous last
+    reduce axis (rfactor), then a tree of rfactors that folds them (nacc vectors -> one, then halves down to
+    ROW_TREE_LANES lanes, each level one vector operation) so that only ROW_TREE_LANES partials are combined
+    one after the other; every partial stage is computed at the stage's last space loop.  The plain loop
+    nest when the row is not contiguous or too short for a vector."""
+    last = stage.reduce_axes[-1]
+    v = _vector_width(last.extent, lanes)
+    while v > 4 and last.extent < ROW_MIN_VECS * v:
+        v //= 2
+    if not v or not _contiguous_in(stage, last.name) or last.extent < 2 * v:
+        return []
+    nacc = _divisor_at_most(last.extent // v, max(1, min(REDUCE_VECS, last.extent // (v * ROW_VECS_PER_ACC))))
+    name, rl = stage.name, last.name
+    space = [a.name for a in stage.axes]
+    others = [a.name for a in stage.reduce_axes[:-1]]
+    partials = [_fresh_name(names, name + ".rf")]
+    steps: list[Step] = [Split(name, rl, (v * nacc,)), RFactor(name, f"{rl}.1")]
+    inner = [f"{rl}.1"]
+    if nacc > 1:
+        steps.append(Split(partials[0], f"{rl}.1", (v,)))
+        inner = [f"{rl}.1.0", f"{rl}.1.1"]
+    steps.append(Reorder(partials[0], tuple(space + others + [f"{rl}.0"] + inner)))
+    if nacc > 1:
+        steps.append(Annotate(partials[0], inner[0], ForKind.UNROLLED))
+    steps.append(Annotate(partials[0], inner[-1], ForKind.VECTORIZED))
+    ax, width = f"{rl}.1", v * nacc
+    while width > ROW_TREE_LANES:
+        part = width // nacc if nacc > 1 else width // 2
+        nacc = 1
+        rf = _fresh_name(names, name + ".rf")
+        partials.append(rf)
+        steps += [Split(name, ax, (part,)), RFactor(name, f"{ax}.1"),
+                  Reorder(rf, tuple(space + [f"{ax}.0", f"{ax}.1"])), Annotate(rf, f"{ax}.1", ForKind.VECTORIZED)]
+        ax, width = f"{ax}.1", part
+    steps += [ComputeAt(rf, name, space[-1]) for rf in reversed(partials)]
+    return steps
+
+
+def _row_vectorize(stage: Stage, lanes: int, hole: bool = False) -> list[Step]:
+    last = stage.axes[-1]
+    v = _vector_width(last.extent, lanes)
+    if not v:
+        return []
+    return [Split(stage.name, last.name, (None if hole else v,)),
+            Annotate(stage.name, f"{last.name}.1", ForKind.VECTORIZED)]
 
 
 def _consumers(cd: ComputeDef) -> dict[str, list[str]]:

@@ -13,6 +13,12 @@ Map:
 
 Rules (CPU), in table order; the first rule whose `skip_rest` is set and whose condition holds ends the
 visit of a stage:
+  row             the host of a row subgraph (`default.row_sketch`: softmax, layernorm after row fusion): the
+                  default's row plan -- statistics and full-row intermediates computed at the host's parallel
+                  row loop -- with holes for the rows per parallel task and the vector lanes (1 sketch).  The
+                  per-stage sketches are not made for such a subgraph: they compute the statistics in separate
+                  passes or recompute them per element (measured 1.4-2x slower, and slow to evaluate)
+  row_member      a stage the row rule scheduled: nothing more
   inline          cheap elementwise non-output stage: compute_inline
   fusion_host     the elementwise consumer that a tiled producer fuses (its loops come from that rule)
   tile_fuse       multi-level tiling SSRSRS (space axes in 4 levels, reduce axes in 2, order
@@ -47,7 +53,7 @@ from dataclasses import dataclass, field
 from ..ir.expr import ComputeDef, Load, Stage, Unary, Var, walk
 from ..ir.hlo import TRANSCENDENTAL
 from ..target import Target
-from .default import PACK_MIN_ROWS, _b_operand, _reuse_rows, default_schedule
+from .default import PACK_MIN_ROWS, _b_operand, _reuse_rows, default_schedule, row_sketch
 from .steps import CacheWrite, ComputeAt, ComputeInline, FollowSplit, Fuse, Reorder, RFactor, Split, Step
 
 #: the innermost tile factor of a multi-level tiling is at most this
@@ -264,6 +270,7 @@ class _Ctx:
     consumers: dict[str, list[str]]
     hosts: dict[str, str]  # fusible consumer -> tiled producer
     names: set[str] = field(default_factory=set)   # stage and input names of the compute definition
+    row: tuple[list[Step], set[str]] | None = None  # `default.row_sketch`: template with holes, its stages
 
     def fused(self, stage: Stage) -> Stage | None:
         if not needs_multi_level_tiling(stage):
@@ -308,6 +315,30 @@ def _axes(stage: Stage):
 
 
 # ----------------------------------------------------------------------------- rules
+
+def _c_row(ctx: _Ctx, gen: _Gen, s: Stage) -> bool:
+    return ctx.row is not None and s.name in ctx.row[1] and s.name in ctx.cd.outputs   # the host
+
+
+def _a_row(ctx: _Ctx, gen: _Gen, s: Stage) -> list[_Gen]:
+    steps, _ = ctx.row
+    extent = {a.name: a.extent for a in s.axes}
+    holes = []
+    for k, st in enumerate(steps):
+        if isinstance(st, Split) and None in st.factors:
+            lanes = st.iter == ctx.cd.stage(st.stage).axes[-1].name
+            ext = ctx.cd.stage(st.stage).axes[-1].extent if lanes else _prod(extent[a] for a in st.iter.split("@"))
+            holes.append(TileHole(len(gen.steps) + k, st.stage, st.iter, ext, 1, MAX_LANES if lanes else MAX_INNERMOST))
+    return [gen.add(f"{s.name}:row", steps, holes, [Site(s.name, unroll=True)])]
+
+
+def _c_row_member(ctx: _Ctx, gen: _Gen, s: Stage) -> bool:
+    return ctx.row is not None and s.name in ctx.row[1] and any(r.endswith(":row") for r in gen.rules)
+
+
+def _a_row_member(ctx: _Ctx, gen: _Gen, s: Stage) -> list[_Gen]:
+    return [gen.add(f"{s.name}:row_member")]
+
 
 def _c_inline(ctx: _Ctx, gen: _Gen, s: Stage) -> bool:
     return (not s.is_reduction and s.name not in ctx.cd.outputs and s.name not in ctx.hosts
@@ -446,6 +477,8 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
+    Rule("row", _c_row, _a_row, True),
+    Rule("row_member", _c_row_member, _a_row_member, True),
     Rule("inline", _c_inline, _a_inline, True),
     Rule("fusion_host", _c_host, _a_host, True),
     Rule("tile_fuse", _c_tile_fuse, _a_tile_fuse, True),
@@ -486,7 +519,8 @@ def generate_sketches(task_or_cd, target: Target | None = None, default: bool = 
             d = fusible_consumer(cd, s, cons)
             if d is not None:
                 hosts[d.name] = s.name
-    ctx = _Ctx(cd, target, cons, hosts, {st.name for st in cd.stages} | {b.name for b in cd.inputs})
+    ctx = _Ctx(cd, target, cons, hosts, {st.name for st in cd.stages} | {b.name for b in cd.inputs},
+               row_sketch(cd, target))
     gens = [_Gen()]
     for s in reversed(cd.stages):
         gens = [g2 for g in gens for g2 in _visit(ctx, g, s)]

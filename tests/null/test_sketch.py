@@ -108,6 +108,9 @@ def test_sketch_families_on_every_fixture(kind):
         assert rules[-1] == "default" and not sks[-1].has_holes
         for st in cd.stages:
             mine = [r for r in rules if f"{st.name}:" in r]
+            if any(f"{st.name}:row" in r for r in mine):   # a row subgraph: the row plan's sketch (row fusion)
+                assert all(f"{st.name}:row" in r for r in mine), label
+                continue
             if needs_multi_level_tiling(st):
                 if any(f"{st.name}:tile_fuse@" in r for r in mine):
                     assert {f"{st.name}:tile_fuse@1", f"{st.name}:tile_fuse@2"} <= {
@@ -240,8 +243,8 @@ def test_sample_space_has_what_the_property_test_needs():
 
 # ----------------------------------------------------------------------------- mutation, crossover
 
-MUTATION_FIXTURES = [("dense_bias_relu", 0), ("conv2d_bias_relu", 0), ("softmax", 1), ("mlp_train_step", 11),
-                     ("mlp_train_step", 0), ("sum_reduce", 0), ("layernorm", 2), ("rmsnorm_swiglu", 3)]
+MUTATION_FIXTURES = [("dense_bias_relu", 0), ("conv2d_bias_relu", 0), ("softmax", 0), ("mlp_train_step", 10),
+                     ("mlp_train_step", 0), ("sum_reduce", 0), ("layernorm", 0), ("rmsnorm_swiglu", 2)]
 
 
 @pytest.mark.parametrize("name,k", MUTATION_FIXTURES)
@@ -282,7 +285,7 @@ def test_mutations_and_crossover_are_valid_and_compute_right(name, k):
 
 
 def test_compute_location_and_parallel_mutations_change_those_decisions():
-    sg = _subgraphs("mlp_train_step", "hlo")[11]   # reduce_sum_71 (non-output) -> sub_21
+    sg = _subgraphs("mlp_train_step", "hlo")[10]   # reduce_sum_71 (non-output) -> sub_21
     task = _task(sg)
     sk = next(s for s in generate_sketches(task) if s.sites and any(x.location for x in s.sites))
     rng = random.Random(4)
