@@ -34,7 +34,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 MEMORY_BOUND = ["gelu_tanh", "relu_chain", "sin_mul_add", "softmax", "layernorm", "row_sum", "sum_reduce",
-                "rmsnorm_swiglu"]
+                "rmsnorm_swiglu", "softmax@bench.gpu.opt.hlo", "layernorm@bench.gpu.opt.hlo"]
+#: models timed whole; NAME@FILE: the fixture NAME from tests/data/models/NAME/NAME.FILE (XLA's GPU fusions: one
+#: row-fused subgraph for softmax / layernorm), compared with the same JAX function
+MODEL_EXTRA = ["softmax@bench.gpu.opt.hlo", "layernorm@bench.gpu.opt.hlo"]
+
+
+def _model_file(name: str) -> tuple[str, str]:
+    """'softmax@bench.gpu.opt.hlo' -> ('softmax', 'bench.gpu.opt.hlo'); 'softmax' -> ('softmax', 'bench.hlo')."""
+    base, _, kind = name.partition("@")
+    return base, kind or "bench.hlo"
 
 
 def run_tests(out: Path, timeout: float = 200.0) -> dict:
@@ -118,9 +127,14 @@ def memory_bound(name: str, torch, copy_gbs: float, log) -> list[dict]:
     from tests.conftest import model_path
 
     out = []
-    for sg in hlotune.load_model(model_path(name, "bench.hlo")).frontend.subgraphs:
+    base, kind = _model_file(name)
+    from hlotune.schedule_space.default_gpu import _is_tiled_reduction
+
+    for sg in hlotune.load_model(model_path(base, kind)).frontend.subgraphs:
         cd = sg.workload.compute
         label = f"{name}/{sg.name}"
+        if any(_is_tiled_reduction(st) for st in cd.stages):
+            continue   # dots and convolutions: not memory-bound
         try:
             kern = build_cuda(lower(cd, default_gpu_schedule(cd), name=sg.name))
             rng = np.random.default_rng(0)
@@ -138,10 +152,15 @@ def memory_bound(name: str, torch, copy_gbs: float, log) -> list[dict]:
             t = float(np.median(kern.time(*d_in, *d_out, min_time=0.05, repeat=5)))
             nbytes = sum(x.nbytes for x in ins) + sum(w.nbytes for w in want)
             gbs = nbytes / t / 1e9
+            src = torch.empty(nbytes // 8, device="cuda")   # a device copy moving the same bytes (read + write)
+            dst = torch.empty_like(src)
+            t_copy = _events_time(lambda a=src, b=dst: b.copy_(a), torch, reps=20)
             r = {"subgraph": label, "us": t * 1e6, "bytes": nbytes, "gbs": gbs, "of_copy": gbs / copy_gbs,
+                 "copy_same_us": t_copy * 1e6, "of_copy_same": t_copy / t,
                  "correct": ok, "max_abs_err": maxerr,
                  "launches": [(ln.grid, ln.block, ln.shared_bytes) for ln in kern.source.launches]}
-            log(f"{label}: {t * 1e6:.1f} us, {gbs:.0f} GB/s ({100 * gbs / copy_gbs:.0f}% of copy), correct {ok}")
+            log(f"{label}: {t * 1e6:.1f} us, {gbs:.0f} GB/s ({100 * gbs / copy_gbs:.0f}% of copy; a copy of the same "
+                f"bytes {t_copy * 1e6:.1f} us), correct {ok}, launches {r['launches']}")
         except Exception as e:  # keep going: one failure must not lose the session
             r = {"subgraph": label, "error": f"{type(e).__name__}: {e}"[:800]}
             log(f"{label}: ERROR {r['error'][:300]}")
@@ -149,16 +168,22 @@ def memory_bound(name: str, torch, copy_gbs: float, log) -> list[dict]:
     return out
 
 
-MATMUL_VARIANTS = {  # label -> ((MR, NR, TI, TJ, BK), GEMM template on); the template needs BK % 4 == 0
-    "generic 8x4/8x32/bk16 (before)": ((8, 4, 8, 32, 16), False),
-    "8x4/8x32/bk16": ((8, 4, 8, 32, 16), True), "8x4/8x32/bk32": ((8, 4, 8, 32, 32), True),
-    "16x4/8x32/bk8": ((16, 4, 8, 32, 8), True), "16x4/8x32/bk16": ((16, 4, 8, 32, 16), True),
-    "8x8/16x16/bk8": ((8, 8, 16, 16, 8), True), "8x4/16x16/bk16": ((8, 4, 16, 16, 16), True),
-    "16x4/16x16/bk8": ((16, 4, 16, 16, 8), True), "8x8/8x32/bk16": ((8, 8, 8, 32, 16), True),
+MATMUL_VARIANTS = {  # label -> ((MR, NR, TI, TJ, BK), GEMM template: True / False / "nosplit" (8 columns per
+    # thread with B's shared rows not split in halves)); the template needs BK % 4 == 0
+    "8x4/8x32/bk16": ((8, 4, 8, 32, 16), True), "16x4/8x32/bk8": ((16, 4, 8, 32, 8), True),
+    "8x8/16x16/bk8": ((8, 8, 16, 16, 8), True), "8x8/16x16/bk8 B not split": ((8, 8, 16, 16, 8), "nosplit"),
+    "8x8/16x16/bk16": ((8, 8, 16, 16, 16), True), "8x8/8x32/bk8": ((8, 8, 8, 32, 8), True),
+    "4x8/16x16/bk16": ((4, 8, 16, 16, 16), True),
 }
-EW_VARIANTS = {"per1/t256": {"per": 1, "threads": 256}, "per4/t256": {"per": 4, "threads": 256},
-               "per8/t256": {"per": 8, "threads": 256}, "per4/t512": {"per": 4, "threads": 512},
-               "per2/t1024": {"per": 2, "threads": 1024}}
+EW_VARIANTS = {"per1/t256 (default)": {"per": 1, "threads": 256}, "per2/t256": {"per": 2, "threads": 256},
+               "per4/t256": {"per": 4, "threads": 256}, "per1/t512": {"per": 1, "threads": 512},
+               "per1/t256/grid 8/SM": {"per": 1, "threads": 256, "grid": 8},
+               "sin: double reduction only": {"flags": {"SIN_FLOAT_REDUCTION": False}},
+               "sin: double reduction, library call inline": {"flags": {"SIN_FLOAT_REDUCTION": False,
+                                                                        "SIN_HUGE_CALL": False}},
+               "sin: float reduction, library call inline": {"flags": {"SIN_HUGE_CALL": False}}}
+SMS = 132
+TORCH_MODELS: set | None = None    # --torch-models: only these get torch.compile
 MODELS_TORCH = {
     "sin_mul_add": lambda t: lambda x: t.sin(x) * 2 + 1,
     "relu_chain": lambda t: lambda x: t.relu(x * 2.0 + 1.0) * 0.5,
@@ -203,11 +228,12 @@ def matmul_variants(n: int, torch, log, cublas: float | None) -> list[dict]:
     for label, (tiles, gemm) in MATMUL_VARIANTS.items():
         try:
             rt._KCACHE.clear()
-            cuda_gen.GEMM_TEMPLATE = gemm
+            cuda_gen.GEMM_TEMPLATE = bool(gemm)
+            cuda_gen.GEMM_SPLIT_B = gemm != "nosplit"
             try:
                 kern = build_cuda(lower(cd, default_gpu_schedule(cd, options={"tiles": tiles}), name=f"mm{n}"))
             finally:
-                cuda_gen.GEMM_TEMPLATE = True
+                cuda_gen.GEMM_TEMPLATE = cuda_gen.GEMM_SPLIT_B = True
                 rt._KCACHE.clear()
             r0 = {"template": "GEMM template" in kern.text}
             c.fill_(float("nan"))
@@ -229,8 +255,6 @@ def matmul_variants(n: int, torch, log, cublas: float | None) -> list[dict]:
 def elementwise_variants(torch, copy_gbs: float, log) -> list[dict]:
     import hlotune
     from hlotune.codegen.cuda_runtime import build_cuda
-    from hlotune.schedule_space.default_gpu import default_gpu_schedule
-    from hlotune.schedule_space.lower import lower
     from tests.conftest import model_path
 
     out = []
@@ -240,8 +264,10 @@ def elementwise_variants(torch, copy_gbs: float, log) -> list[dict]:
         x = torch.randn(*cd.inputs[0].shape, device="cuda")
         y = torch.empty_like(x)
         for label, opts in EW_VARIANTS.items():
+            if "flags" in opts and name != "sin_mul_add":
+                continue
             try:
-                kern = build_cuda(lower(cd, default_gpu_schedule(cd, options=opts), name=sg.name))
+                kern = _ew_kernel(cd, sg.name, opts, build_cuda)
                 t = float(np.median(kern.time(x, y, min_time=0.03, repeat=3)))
                 gbs = 2 * x.numel() * 4 / t / 1e9
                 out.append({"model": name, "variant": label, "us": t * 1e6, "gbs": gbs, "of_copy": gbs / copy_gbs,
@@ -250,6 +276,100 @@ def elementwise_variants(torch, copy_gbs: float, log) -> list[dict]:
             except Exception as e:
                 out.append({"model": name, "variant": label, "error": f"{type(e).__name__}: {e}"[:400]})
                 log(f"  {name} {label}: ERROR {e}"[:300])
+    return out
+
+
+def _ew_kernel(cd, name: str, opts: dict, build):
+    """An elementwise variant: schedule options, and `grid` = resident blocks per SM of a grid-stride kernel."""
+    import hlotune.codegen.cuda as cuda_gen
+    import hlotune.codegen.cuda_runtime as rt
+    from hlotune.schedule_space.default_gpu import default_gpu_schedule
+    from hlotune.schedule_space.lower import lower
+
+    opts = dict(opts)
+    grid = opts.pop("grid", 0)
+    flags = opts.pop("flags", {})
+    old = {k: getattr(cuda_gen, k) for k in flags}
+    rt._KCACHE.clear()
+    cuda_gen.GRID_STRIDE_BLOCKS = SMS * grid
+    for k, v in flags.items():
+        setattr(cuda_gen, k, v)
+    try:
+        return build(lower(cd, default_gpu_schedule(cd, options=opts), name=name))
+    finally:
+        cuda_gen.GRID_STRIDE_BLOCKS = 0
+        for k, v in old.items():
+            setattr(cuda_gen, k, v)
+        rt._KCACHE.clear()
+
+
+ROW_VARIANTS = {"default": ({}, {}), "row cache": ({"row_cache": True}, {}),
+                "exp inlined (computed twice)": ({"row_keep": False}, {}),
+                "4 rows/block": ({"rows": 4}, {}), "1 row/block": ({"rows": 1}, {}),
+                "1 row/block, exp inlined": ({"rows": 1, "row_keep": False}, {}),
+                "block barriers, shared combine": ({}, {"WARP_BARRIERS": False, "WARP_ALLREDUCE": False})}
+ROW_MODELS = ["softmax@bench.gpu.opt.hlo", "layernorm@bench.gpu.opt.hlo", "rmsnorm_swiglu"]
+
+
+def _row_subgraphs():
+    import hlotune
+    from hlotune.schedule_space.default_gpu import _row_reductions
+    from tests.conftest import model_path
+
+    for name in ROW_MODELS:
+        base, kind = _model_file(name)
+        for sg in hlotune.load_model(model_path(base, kind)).frontend.subgraphs:
+            if _row_reductions(sg.workload.compute) is not None:
+                yield name, sg
+
+
+def _row_kernel(cd, name: str, opts: dict, flags: dict, build):
+    import hlotune.codegen.cuda as cuda_gen
+    import hlotune.codegen.cuda_runtime as rt
+    from hlotune.schedule_space.default_gpu import default_gpu_schedule
+    from hlotune.schedule_space.lower import lower
+
+    old = {k: getattr(cuda_gen, k) for k in flags}
+    rt._KCACHE.clear()
+    for k, v in flags.items():
+        setattr(cuda_gen, k, v)
+    try:
+        return build(lower(cd, default_gpu_schedule(cd, options=opts), name=name))
+    finally:
+        for k, v in old.items():
+            setattr(cuda_gen, k, v)
+        rt._KCACHE.clear()
+
+
+def row_variants(torch, copy_gbs: float, log) -> list[dict]:
+    """The row-fused schedule's choices (row cache, rows per block, barriers and combines) on the row-fused
+    subgraphs, each checked against the default variant's output."""
+    from hlotune.codegen.cuda_runtime import build_cuda
+
+    out = []
+    for name, sg in _row_subgraphs():
+        cd = sg.workload.compute
+        rng = np.random.default_rng(0)
+        ins = [torch.from_numpy(rng.standard_normal(b.shape).astype(np.float32)).cuda() for b in cd.inputs]
+        ref = None
+        for label, (opts, flags) in ROW_VARIANTS.items():
+            try:
+                kern = _row_kernel(cd, sg.name, opts, flags, build_cuda)
+                o = torch.full(cd.stage(cd.outputs[0]).shape, float("nan"), device="cuda")
+                kern(*ins, o)
+                torch.cuda.synchronize()
+                ref = o.clone() if ref is None else ref
+                ok = bool(torch.allclose(o, ref, rtol=1e-5, atol=1e-6))
+                t = float(np.median(kern.time(*ins, o, min_time=0.03, repeat=3)))
+                nbytes = sum(x.numel() * 4 for x in ins) + o.numel() * 4
+                gbs = nbytes / t / 1e9
+                out.append({"model": name, "variant": label, "us": t * 1e6, "gbs": gbs, "of_copy": gbs / copy_gbs,
+                            "agrees": ok, "launch": kern.source.launches[0].block, "resources": _resources(kern)})
+                log(f"  row {name}/{sg.name} {label}: {t * 1e6:.1f} us ({100 * gbs / copy_gbs:.0f}% of copy), "
+                    f"agrees {ok}, regs {out[-1]['resources'][0]['regs']}")
+            except Exception as e:
+                out.append({"model": name, "variant": label, "error": f"{type(e).__name__}: {e}"[:400]})
+                log(f"  row {name} {label}: ERROR {e}"[:300])
     return out
 
 
@@ -303,13 +423,14 @@ def models(torch, log, deadline: float, with_torch: bool, names=None, with_jax: 
     manifest = _json.loads((MODELS_DIR / "manifest.json").read_text())["models"]
     ref = _json.loads((MODELS_DIR / "jax_gpu_times.json").read_text())["highest"]
     out = []
-    for name in names or MODEL_NAMES:
+    for name in names or (list(MODEL_NAMES) + MODEL_EXTRA):
         if time.time() > deadline:
             log(f"model {name}: skipped (time budget)")
             continue
-        r: dict = {"model": name, "jax_ref_s": ref.get(name)}
+        base, kind = _model_file(name)
+        r: dict = {"model": name, "jax_ref_s": ref.get(base)}
         try:
-            m = hlotune.load_model(str(model_path(name, "bench.hlo")))
+            m = hlotune.load_model(str(model_path(base, kind)))
             rng = np.random.default_rng(0)
             args = [(rng.standard_normal(p.array_shape.dims) * 0.5).astype(p.array_shape.dtype.np)
                     for p in m.module.entry_computation.parameters]
@@ -339,8 +460,8 @@ def models(torch, log, deadline: float, with_torch: bool, names=None, with_jax: 
             r["host_fallbacks"] = dict(exe._gpu.host_fallbacks)
             if jax is not None:
                 ns = {"jax": jax, "jnp": jnp, "lax": lax}
-                exec(manifest[name]["jax_source"], ns)
-                fn = jax.jit(ns[name])
+                exec(manifest[base]["jax_source"], ns)
+                fn = jax.jit(ns[base])
                 j_args = [jax.device_put(a) for a in args]
                 jo = jax.tree_util.tree_leaves(fn(*j_args))
                 errs = []
@@ -352,8 +473,9 @@ def models(torch, log, deadline: float, with_torch: bool, names=None, with_jax: 
                 r["jax_s"] = _round_time(lambda f=fn, a=j_args: f(*a),
                                          lambda f=fn, a=j_args: jax.block_until_ready(f(*a)))
                 r["speedup_vs_jax"] = r["jax_s"] / r["ours_s"]
-            if with_torch and name in MODELS_TORCH and time.time() < deadline - torch_margin:
-                tf = torch.compile(MODELS_TORCH[name](torch))
+            if (with_torch and base in MODELS_TORCH and time.time() < deadline - torch_margin
+                    and (TORCH_MODELS is None or name in TORCH_MODELS)):
+                tf = torch.compile(MODELS_TORCH[base](torch))
                 tf(*d_args)
                 r["torch_compile_s"] = _events_round_time(lambda f=tf, a=d_args: f(*a), torch)
                 r["speedup_vs_torch"] = r["torch_compile_s"] / r["ours_s"]
@@ -442,6 +564,81 @@ def tune_check(name: str, trials: int, out: Path, log, timeout: float, populatio
     return res
 
 
+def precompile(log) -> int:
+    """No GPU needed: generate every kernel this script builds by default (matmul and its variants, the memory-bound
+    subgraphs, the elementwise variants, every model's subgraphs with the default schedules an H200 gets) and
+    compile them with the local nvcc into the cubin cache (HLOTUNE_CACHE_DIR), to carry to the GPU machine."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import hlotune
+    import hlotune.codegen.cuda as cuda_gen
+    from hlotune.codegen.cuda import generate_cuda
+    from hlotune.codegen.cuda_runtime import compile_cubin
+    from hlotune.executable import _kernel_name, choose_schedule
+    from hlotune.schedule_space.default_gpu import default_gpu_schedule
+    from hlotune.schedule_space.lower import lower
+    from hlotune.target import Target
+    from tests.conftest import MODEL_NAMES, model_path
+    tgt = Target(kind="cuda", name="NVIDIA H200", cores=SMS, arch="sm_90", max_threads_per_block=1024)
+    texts: dict[str, str] = {}
+
+    def add(func, grid: int = 0):
+        cuda_gen.GRID_STRIDE_BLOCKS = grid
+        try:
+            texts[generate_cuda(func).text] = func.name
+        except Exception as e:
+            log(f"precompile {func.name}: {type(e).__name__}: {e}"[:300])
+        finally:
+            cuda_gen.GRID_STRIDE_BLOCKS = 0
+
+    for n in (1024, 4096):
+        (sg,) = hlotune.load_model(_mm_hlo(n)).frontend.subgraphs
+        cd = sg.workload.compute
+        add(lower(cd, default_gpu_schedule(cd), name=f"mm{n}"))
+        for tiles, gemm in MATMUL_VARIANTS.values():
+            cuda_gen.GEMM_TEMPLATE = bool(gemm)
+            cuda_gen.GEMM_SPLIT_B = gemm != "nosplit"
+            add(lower(cd, default_gpu_schedule(cd, options={"tiles": tiles}), name=f"mm{n}"))
+            cuda_gen.GEMM_TEMPLATE = cuda_gen.GEMM_SPLIT_B = True
+    for name in MEMORY_BOUND:
+        base, kind = _model_file(name)
+        for sg in hlotune.load_model(model_path(base, kind)).frontend.subgraphs:
+            cd = sg.workload.compute
+            add(lower(cd, default_gpu_schedule(cd), name=sg.name))
+    for name in ("sin_mul_add", "relu_chain", "gelu_tanh"):
+        (sg,) = hlotune.load_model(model_path(name, "bench.hlo")).frontend.subgraphs
+        cd = sg.workload.compute
+        for opts in EW_VARIANTS.values():
+            if "flags" in opts and name != "sin_mul_add":
+                continue
+            o = dict(opts)
+            grid = o.pop("grid", 0)
+            _ew_kernel(cd, sg.name, o, lambda f, g=grid: add(f, SMS * g))
+    for _, sg in _row_subgraphs():
+        for opts, flags in ROW_VARIANTS.values():
+            _row_kernel(sg.workload.compute, sg.name, opts, flags, add)
+    for name in list(MODEL_NAMES) + MODEL_EXTRA:
+        base, kind = _model_file(name)
+        m = hlotune.load_model(str(model_path(base, kind)))
+        for sg in m.frontend.subgraphs:
+            choice = choose_schedule(sg.workload, None, tgt)
+            add(lower(sg.workload.compute, choice.steps, name=_kernel_name(sg.name)))
+    log(f"precompile: {len(texts)} kernels")
+    errors = []
+
+    def one(item):
+        try:
+            compile_cubin(item[0], "sm_90", context=item[1])
+        except Exception as e:
+            errors.append(f"{item[1]}: {e}"[:300])
+
+    with ThreadPoolExecutor(2) as ex:
+        list(ex.map(one, texts.items()))
+    for e in errors:
+        log(f"precompile error {e}")
+    return 1 if errors else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
@@ -456,6 +653,11 @@ def main() -> int:
     ap.add_argument("--tune-trials", type=int, default=40)
     ap.add_argument("--tune-timeout", type=float, default=150.0)
     ap.add_argument("--tune-budget", default=None, help="time budget of the tune run (e.g. 75s) instead of trials")
+    ap.add_argument("--precompile", action="store_true",
+                    help="no GPU: compile every default kernel of this script into the local cubin cache")
+    ap.add_argument("--torch-models", default=None, help="comma-separated models timed with torch.compile too")
+    ap.add_argument("--variants", default="matmul,ew", help="comma-separated variant groups: matmul, ew, row")
+    ap.add_argument("--models", default=None, help="comma-separated models (default: all fixtures + MODEL_EXTRA)")
     ap.add_argument("--torch-only", default=None, metavar="MODELS",
                     help="only ours vs torch.compile for these models (comma-separated; '' = all of MODELS_TORCH)")
     args = ap.parse_args()
@@ -467,6 +669,11 @@ def main() -> int:
         print(msg, flush=True)
         lines.append(msg)
 
+    global TORCH_MODELS
+    if args.torch_models:
+        TORCH_MODELS = set(args.torch_models.split(","))
+    if args.precompile:
+        return precompile(log)
     if args.tune:
         tune_check(args.tune, args.tune_trials, out, log, args.tune_timeout, budget=args.tune_budget)
         return 0
@@ -499,15 +706,19 @@ def main() -> int:
     res["memory_bound"] = []
     for name in ([] if args.no_memory_bound else MEMORY_BOUND):
         res["memory_bound"] += memory_bound(name, torch, res["copy_gbs"], log)
-    res["models"] = models(torch, log, deadline - (0 if args.no_variants else 90), not args.no_torch)
+    res["models"] = models(torch, log, deadline - (0 if args.no_variants else 90), not args.no_torch,
+                           names=[x for x in args.models.split(",") if x] if args.models else None)
     (out / "gpu_session.json").write_text(json.dumps(res, indent=1, default=str))
     if not args.no_variants:
         cub = {m["n"]: m["cublas_gflops"] for m in res["matmul"]}
         res["matmul_variants"] = []
-        for n in [int(x) for x in args.sizes.split(",") if x]:
+        groups = set(args.variants.split(","))
+        for n in [int(x) for x in args.sizes.split(",") if x and "matmul" in groups]:
             if time.time() < deadline:
                 res["matmul_variants"] += matmul_variants(n, torch, log, cub.get(n))
-        if time.time() < deadline + 30:
+        if "row" in groups:
+            res["row_variants"] = row_variants(torch, res["copy_gbs"], log)
+        if time.time() < deadline + 30 and "ew" in groups:
             res["elementwise_variants"] = elementwise_variants(torch, res["copy_gbs"], log)
     (out / "gpu_session.json").write_text(json.dumps(res, indent=1, default=str))
     if not args.skip_tests:

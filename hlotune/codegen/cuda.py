@@ -19,7 +19,9 @@ Map:
                             `B[I] = B[I] op E(v)` at a uniform point (what thread 0 alone would run) becomes
                             a cross-thread reduction: strided per-thread partials, warp shuffles, one shared
                             slot per warp (`cross_thread_reduce`); in a block of one warp per threadIdx.y row, warp
-                            shuffles only
+                            shuffles only (a thread-local B: a butterfly all-reduce, every lane gets the total)
+  _float_math               float32 exp / sin / cos of the prelude (bounds `FLOAT_MATH_ULP`)
+  _grid_stride              optional grid-stride block loop (`GRID_STRIDE_BLOCKS`)
 
 Semantics (the same as the CPU backend, `llvm_emit`):
 - A loop bound to blockIdx.* / threadIdx.* runs its iterations in parallel: the variable is the hardware
@@ -46,10 +48,15 @@ Semantics (the same as the CPU backend, `llvm_emit`):
   rounded (nearest even) after every operation; f16 is `__half` in memory, float in registers, rounded back
   after every operation.
 - Transcendentals (bounds of `vecmath.ULP_BOUNDS`): CUDA's float functions are used where their documented
-  maximum error is within the CPU bound (expm1f, logf, log1pf, sqrtf, tanhf, erff); exp, rsqrt, logistic,
-  sin, cos, atan2 and pow of float32 are evaluated in double and rounded (CUDA's float versions are
-  documented at 2-4 ulp, over the bound).  float64 uses CUDA's double functions (sin/cos: 2 ulp documented
-  against a 1.5 ulp CPU bound).
+  maximum error is within the CPU bound (expm1f, logf, log1pf, sqrtf, tanhf, erff); float32 exp, sin and cos are
+  our own (`_float_math`: float polynomials, sin / cos with a double Cody-Waite reduction; `FLOAT_MATH_ULP`,
+  checked on the GPU); rsqrt, logistic, atan2 and pow of float32 are evaluated in double and rounded (CUDA's
+  float versions are documented at 2-4 ulp, over the bound).  float64 uses CUDA's double functions (sin/cos:
+  2 ulp documented against a 1.5 ulp CPU bound).
+- Blocks of one warp per threadIdx.y row whose shared buffers all have one copy per row synchronize with
+  `__syncwarp` (`_KernelPlan.warp_private`); a thread-local combine of per-lane partials there is a butterfly warp
+  all-reduce.  `GRID_STRIDE_BLOCKS` (off) turns the block loop of shared-memory-free kernels into a grid-stride
+  loop.
 - Index arithmetic is 32-bit when every buffer and loop extent is below 2**30, else 64-bit.
 """
 
@@ -59,7 +66,9 @@ import dataclasses
 import itertools
 import math
 import re
+import struct
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from ..errors import CompileError
 from ..ir.expr import INDEX, Binary, Cast, Compare, Const, Expr, Load, Select, Unary, Var, rebuild, substitute, walk
@@ -119,7 +128,6 @@ template <typename T, typename U> HL_INL T hl_ipow(T a, T e, bool is_signed) {
   if (is_signed && e < 0) return a == (T)1 ? (T)1 : a == (T)-1 ? ((e & 1) ? (T)-1 : (T)1) : (T)0;
   return r; }
 template <typename T> HL_INL T hl_fsign(T x) { return x > (T)0 ? (T)1 : x < (T)0 ? (T)-1 : x; }
-HL_INL float hl_exp(float x) { return (float)exp((double)x); }
 HL_INL double hl_exp(double x) { return exp(x); }
 HL_INL float hl_expm1(float x) { return expm1f(x); }
 HL_INL double hl_expm1(double x) { return expm1(x); }
@@ -135,9 +143,7 @@ HL_INL float hl_tanh(float x) { return tanhf(x); }
 HL_INL double hl_tanh(double x) { return tanh(x); }
 HL_INL float hl_logistic(float x) { return (float)(1.0 / (1.0 + exp(-(double)x))); }
 HL_INL double hl_logistic(double x) { return 1.0 / (1.0 + exp(-x)); }
-HL_INL float hl_sin(float x) { return (float)sin((double)x); }
 HL_INL double hl_sin(double x) { return sin(x); }
-HL_INL float hl_cos(float x) { return (float)cos((double)x); }
 HL_INL double hl_cos(double x) { return cos(x); }
 HL_INL float hl_erf(float x) { return erff(x); }
 HL_INL double hl_erf(double x) { return erf(x); }
@@ -146,6 +152,139 @@ HL_INL double hl_atan2(double a, double b) { return atan2(a, b); }
 HL_INL float hl_pow(float a, float b) { return (float)pow((double)a, (double)b); }
 HL_INL double hl_pow(double a, double b) { return pow(a, b); }
 """
+
+
+def _hex(v: float, f32: bool = True) -> str:
+    """A C hexadecimal literal of the float32 (suffix f) or float64 value nearest `v` (exact)."""
+    if f32:
+        v = _f32(v)
+    return ("-" if math.copysign(1.0, v) < 0 else "") + abs(v).hex() + ("f" if f32 else "")
+
+
+def _f32(v) -> float:
+    """The float32 nearest the exact value `v` (a Fraction or float), as a Python float."""
+    v = Fraction(v)
+    c = float(v)
+    cands = {float(struct.unpack("f", struct.pack("f", c))[0])}
+    for d in (-1, 1):   # neighbours of the (double-rounded) candidate: keep the nearest to the exact value
+        b = struct.unpack("I", struct.pack("f", next(iter(cands))))[0]
+        cands.add(struct.unpack("f", struct.pack("I", (b + d) & 0xffffffff))[0])
+    return min((x for x in cands if math.isfinite(x)), key=lambda x: abs(Fraction(x) - v))
+
+
+def _float_math(float_reduction: bool = False, huge_call: bool = False) -> str:
+    """float32 exp, sin and cos without the FP64 library's slow paths (bounds: `FLOAT_MATH_ULP`).
+
+    exp: clamp to [-104, 89], n = rint(x log2 e), r = x - n ln2 (two-part Cody-Waite, the first part 16 bits so
+    n * hi is exact), Taylor polynomial of degree 7 on |r| <= ln2/2 in fma Horner form, times 2^(n/2) twice
+    (the first product exact, one rounding to a denormal or inf).
+    sin / cos: k = nearest integer of x 2/pi (through the 1.5 * 2^52 shifter, which also gives k mod 4 in its
+    low word), r = x - k pi/2 in double with pi/2 split in two doubles (the first fma is exact for every float32
+    |x| < 2^30, the tail error is below 2^-75), r rounded to float plus its rounding error rl; sin(r + rl) =
+    r + (r^3 S(r^2) + rl), cos(r + rl) = 1 + (r^2 C(r^2) - r rl), Taylor S / C of degrees 9 / 10 on |r| <= pi/4
+    (a little more with the float reduction: k from a float product).  |x| >= 2^30 (and inf / NaN) take CUDA's
+    double sin / cos (`huge_call`: through a non-inlined function).  `float_reduction`: |x| < 2^17 reduce in
+    float alone: pi/2 = p1 + p2 + p3 (float32 parts), x - k p1 exact (fma), k p2 as an exact pair (fma; the
+    product through __fmul_rn so that nvcc does not contract it into the TwoSum), a TwoSum, k p3 into the tail.
+    """
+    pi, ln2 = _PI_EXACT, _LN2_EXACT
+    l_hi = _hi_bits(ln2, 16)
+    pio2_hi = float(pi / 2)
+    pio2_lo = float(pi / 2 - Fraction(pio2_hi))
+    p1 = _f32(pi / 2)
+    p2 = _f32(pi / 2 - Fraction(p1))
+    p3 = _f32(pi / 2 - Fraction(p1) - Fraction(p2))
+    exp_c = [Fraction(1, math.factorial(k)) for k in range(8)]
+    sin_c = [Fraction((-1) ** (k + 1), math.factorial(2 * k + 3)) for k in range(4)]
+    cos_c = [Fraction((-1) ** (k + 1), math.factorial(2 * k + 2)) for k in range(5)]
+
+    def horner(coeffs, var):
+        acc = _hex(coeffs[-1])
+        for c in reversed(coeffs[:-1]):
+            acc = f"fmaf({acc}, {var}, {_hex(c)})"
+        return acc
+
+    huge_fn = ("__device__ __noinline__ float hl_sincos_huge(float x, int cosine) {\n"
+               "  return cosine ? (float)cos((double)x) : (float)sin((double)x);\n}\n") if huge_call else ""
+    return f"""
+HL_INL float hl_exp(float x) {{
+  if (x != x) return x;
+  const float xc = fminf(fmaxf(x, -104.0f), 89.0f);
+  const float n = rintf(xc * {_hex(1 / ln2)});
+  float r = fmaf(-n, {_hex(l_hi)}, xc);
+  r = fmaf(-n, {_hex(ln2 - Fraction(l_hi))}, r);
+  const float p = {horner(exp_c, "r")};
+  const int ni = (int)n, n1 = ni >> 1, n2 = ni - n1;
+  return p * __int_as_float((n1 + 127) << 23) * __int_as_float((n2 + 127) << 23);
+}}
+{huge_fn}HL_INL float hl_sincosf(float x, int cosine) {{
+  float r, rl;
+  int q;
+  if ({"fabsf(x) < 131072.0f" if float_reduction else "false"}) {{   // float: x - k (p1 + p2 + p3) as the pair r + rl
+    const float k = rintf(x * {_hex(2 / pi)});
+    const float r1 = fmaf(-k, {_hex(p1)}, x);
+    const float th = __fmul_rn(k, {_hex(p2)});   // never contracted into the subtractions below
+    const float tl = fmaf(k, {_hex(p2)}, -th);
+    const float s = r1 - th;
+    const float bv = s - r1;
+    const float e = (r1 - (s - bv)) - (th + bv);
+    const float lo = fmaf(-k, {_hex(p3)}, e - tl);
+    r = s + lo;
+    rl = lo - (r - s);
+    q = ((int)k + cosine) & 3;
+  }} else if (fabsf(x) < 1073741824.0f) {{   // double: exact first step up to 2^30
+    const double xd = (double)x;
+    const double t = fma(xd, {_hex(float(2 / pi), False)}, 6755399441055744.0);
+    const double k = t - 6755399441055744.0;
+    double rd = fma(-k, {_hex(pio2_hi, False)}, xd);
+    rd = fma(-k, {_hex(pio2_lo, False)}, rd);
+    r = (float)rd;
+    rl = (float)(rd - (double)r);
+    q = (__double2loint(t) + cosine) & 3;
+  }} else {{
+    return {"hl_sincos_huge(x, cosine)" if huge_call else "cosine ? (float)cos((double)x) : (float)sin((double)x)"};
+  }}
+  const float z = r * r;
+  float v;
+  if (q & 1) v = 1.0f + fmaf(z, {horner(cos_c, "z")}, -r * rl);
+  else v = r + fmaf(r * z, {horner(sin_c, "z")}, rl);
+  v = (q & 2) ? -v : v;
+  return (x == 0.0f && !cosine) ? x : v;
+}}
+HL_INL float hl_sin(float x) {{ return hl_sincosf(x, 0); }}
+HL_INL float hl_cos(float x) {{ return hl_sincosf(x, 1); }}
+"""
+
+
+_PI_EXACT = Fraction("3.14159265358979323846264338327950288419716939937510582097494459230781640628620899863")
+_LN2_EXACT = Fraction("0.693147180559945309417232121458176568075500134360255254120680009493393621969694715605")
+#: maximum error (ulp of the float32 result, against the exact value) of the float32 functions of `_float_math`:
+#: the documented bound, checked on the GPU against numpy float64 (tests/gpu/test_cuda_run.py); the CPU's bounds
+#: (vecmath.ULP_BOUNDS) are 1 for exp and 1.5 for sin / cos.
+FLOAT_MATH_ULP = {Op.EXP: 1.0, Op.SINE: 1.5, Op.COSINE: 1.5}
+
+
+def _hi_bits(v: Fraction, bits: int) -> float:
+    e = math.frexp(float(v))[1]
+    scale = Fraction(2) ** (bits - e)
+    return float(Fraction(round(v * scale)) / scale)
+
+
+#: sin / cos variants: the float reduction for |x| < 2^17, the double library call for |x| >= 2^30 out of line.
+#: Off by default: on the H200, sin_mul_add ran at 38.5 us with neither against 39.3 us with both (the double
+#: reduction's four conversions are not what limits the kernel); the float reduction is kept, tested, for GPUs
+#: with a slow FP64 pipe.
+SIN_FLOAT_REDUCTION = False
+SIN_HUGE_CALL = False
+_PRELUDE_BASE = PRELUDE
+PRELUDE += _float_math(SIN_FLOAT_REDUCTION, SIN_HUGE_CALL)
+
+
+def _prelude() -> str:
+    """PRELUDE, or its variant for the current SIN_* settings."""
+    if (SIN_FLOAT_REDUCTION, SIN_HUGE_CALL) == (False, False):
+        return PRELUDE
+    return _PRELUDE_BASE + _float_math(SIN_FLOAT_REDUCTION, SIN_HUGE_CALL)
 
 _MATH = {Op.EXP: "hl_exp", Op.EXPM1: "hl_expm1", Op.LOG: "hl_log", Op.LOG1P: "hl_log1p", Op.SQRT: "hl_sqrt",
          Op.RSQRT: "hl_rsqrt", Op.TANH: "hl_tanh", Op.LOGISTIC: "hl_logistic", Op.SINE: "hl_sin",
@@ -265,6 +404,16 @@ class _KernelPlan:
     thread_vars: set[str] = field(default_factory=set)
     #: promoted buffer -> the thread axes bound where it is allocated: one copy per thread of those axes
     replicas: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: blockIdx.x extent of the loop nest when the kernel runs a grid-stride loop over it on `grid[0]` blocks
+    stride_x: int = 0
+
+    @property
+    def warp_private(self) -> bool:
+        """Blocks of one warp per threadIdx.y row whose every shared buffer has one copy per row: a warp only
+        touches its own copies, so its barriers need only synchronize the warp (`__syncwarp`)."""
+        rows = (1,) if self.block[1] > 1 else ()
+        return (WARP_BARRIERS and self.block[0] == 32 and self.block[2] == 1
+                and all(self.replicas.get(b, ()) == rows for b in self.shared))
 
     def copies(self, buf: str) -> int:
         return math.prod(self.block[a] for a in self.replicas.get(buf, ()))
@@ -472,7 +621,7 @@ class _Emitter:
             self.line(d, "}")
             self.if_depth -= 1
         elif isinstance(s, Barrier):
-            self.line(d, "__syncthreads();")
+            self.line(d, "__syncwarp();" if self.plan.warp_private else "__syncthreads();")
         else:
             raise CompileError(f"cannot generate CUDA code for statement {type(s).__name__}")
 
@@ -484,6 +633,11 @@ class _Emitter:
             n = _const_extent(s)
             hw = ("blockIdx." if is_b else "threadIdx.") + _AXIS[ax]
             full = (self.plan.grid if is_b else self.plan.block)[ax]
+            if is_b and ax == 0 and self.plan.stride_x:   # grid-stride loop over the block tiles
+                self.line(d, f"for ({self.idx} {v} = ({self.idx}){hw}; {v} < {n}; {v} += ({self.idx})gridDim.x) {{")
+                self.stmt(s.body, d + 1, bb | {ax}, bt)
+                self.line(d, "}")
+                return
             self.line(d, "{")
             self.line(d + 1, f"const {self.idx} {v} = ({self.idx}){hw};")
             if n < full:
@@ -524,7 +678,8 @@ class _Emitter:
     # ---- cross-thread reduction: a serial combine loop that thread 0 alone would run
     def _cross_thread_pattern(self, s: For, bt: frozenset[int]) -> tuple[Op, Expr, Store] | None:
         """(op, E, store) when `s` is `for v in [0, n): B[I] = B[I] op E(v)` at a uniform point of a 1-D block
-        of whole warps, with B not thread-local and E reading no thread-local buffer."""
+        of whole warps, with B not thread-local and E reading no thread-local buffer; in a block of one warp per
+        threadIdx.y row, B may be thread-local (every lane computes the same value: a warp all-reduce)."""
         p = self.plan
         warp = bt == frozenset({1}) and p.block[0] == 32 and p.block[2] == 1     # one warp per threadIdx.y
         if not warp and (bt or p.block[1] != 1 or p.block[2] != 1 or p.block[0] < 32 or p.block[0] % 32):
@@ -537,7 +692,9 @@ class _Emitter:
             return None
         decl = self.bufs.get(body.buffer)
         v = body.value
-        if decl is None or decl.scope == "local" or decl.dtype not in _XRED_TYPES or not isinstance(v, Binary):
+        if decl is None or (decl.scope == "local" and not warp) or decl.dtype not in _XRED_TYPES:
+            return None
+        if not isinstance(v, Binary) or not WARP_ALLREDUCE and decl.scope == "local":
             return None
         if v.op not in _XRED_OPS or v.dtype is not decl.dtype:
             return None
@@ -565,6 +722,24 @@ class _Emitter:
         comb = self.expr(Binary(op, Var(acc, dt), Var(x, dt), dt))
         v = sanitize(s.var.name)
         nw = self.plan.block[0] // 32
+
+        if self._decl(st.buffer).scope == "local":   # thread-local total: butterfly, every lane gets it
+            self.line(d, "{  // warp all-reduce")
+            self.line(d + 1, f"{rt} {acc} = ({rt})0; bool {has} = false;")
+            self.line(d + 1, f"for ({self.idx} {v} = ({self.idx})threadIdx.x; {v} < {s.const_extent}; {v} += 32) {{")
+            self.line(d + 2, f"{rt} {x} = {self.expr(e)};")
+            self.line(d + 2, f"{acc} = {has} ? {comb} : {x}; {has} = true;")
+            self.line(d + 1, "}")
+            self.line(d + 1, "#pragma unroll")
+            self.line(d + 1, "for (int hl_o = 16; hl_o > 0; hl_o >>= 1) {")
+            self.line(d + 2, f"{rt} {x} = __shfl_xor_sync(0xffffffffu, {acc}, hl_o);")
+            self.line(d + 2, f"bool hl_h = __shfl_xor_sync(0xffffffffu, (int){has}, hl_o) != 0;")
+            self.line(d + 2, f"if (hl_h) {{ {acc} = {has} ? {comb} : {x}; {has} = true; }}")
+            self.line(d + 1, "}")
+            fin = Store(st.buffer, st.indices, Binary(op, Load(st.buffer, st.indices, dt), Var(acc, dt), dt))
+            self.store(fin, d + 1, bb, bt)
+            self.line(d, "}")
+            return
 
         def warp_reduce(dd: int) -> None:
             self.line(dd, "#pragma unroll")
@@ -874,6 +1049,10 @@ class _Emitter:
 
 
 _XRED_OPS = frozenset({Op.ADD, Op.MULTIPLY, Op.MAXIMUM, Op.MINIMUM})
+#: barriers of warp-private kernels (`_KernelPlan.warp_private`) as __syncwarp
+WARP_BARRIERS = True
+#: thread-local combines of per-lane partials (the row-fused schedule's reductions) as warp all-reduces
+WARP_ALLREDUCE = True
 _XRED_TYPES = frozenset({DType.F32, DType.F64, DType.S32})
 
 
@@ -1130,6 +1309,7 @@ def _lane_invariant_cond(c: Expr, v: str, nv: int) -> Expr | None:
 
 #: the GEMM template replaces the generic code of a matching K-tile loop (benchmarks switch it off to compare)
 GEMM_TEMPLATE = True
+GEMM_SPLIT_B = True    # 8 columns per thread: B's shared rows in two halves (conflict-free float4 reads)
 
 
 @dataclass(frozen=True)
@@ -1334,6 +1514,10 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
          f"  float4 hl_ra[{la}], hl_rb[{lb}];"]
     # A float4 number q = tid + l*T: row q / (BK/4), k offset (q % (BK/4)) * 4; B: row q / (BN/4), col (q % (BN/4))*4
     ka, nb4 = g.bk // 4, g.bn // 4
+    # 8 columns per thread: B's shared row holds each thread's first 4 columns in its first half and the other 4
+    # in its second half (column c of the tile at (c % 8 // 4) * BN/2 + c // 8 * 4), so a warp's float4 reads of
+    # B are consecutive (no bank conflicts); the register tile keeps the output's column order
+    split = g.nr == 8 and GEMM_SPLIT_B
 
     def load(kexpr: str) -> list[str]:
         out = []
@@ -1352,8 +1536,9 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
             out.append(f"      hl_As[{buf}][c][r] = hl_ra[{q}].x; hl_As[{buf}][c + 1][r] = hl_ra[{q}].y; "
                        f"hl_As[{buf}][c + 2][r] = hl_ra[{q}].z; hl_As[{buf}][c + 3][r] = hl_ra[{q}].w; }}")
         for q in range(lb):
+            col = f"((q % {nb4}) & 1) * {g.bn // 2} + ((q % {nb4}) >> 1) * 4" if split else f"(q % {nb4}) * 4"
             out.append(f"    {gb}{{ const int q = hl_tid + {q * g.threads}; "
-                       f"*(float4*)&hl_Bs[{buf}][q / {nb4}][(q % {nb4}) * 4] = hl_rb[{q}]; }}")
+                       f"*(float4*)&hl_Bs[{buf}][q / {nb4}][{col}] = hl_rb[{q}]; }}")
         return out
 
     def frag(name: str, arr: str, n: int, base: str) -> list[str]:
@@ -1366,6 +1551,13 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
             out += [f"      {name}[{v}] = {arr}[{base} + {v}];" for v in range(n)]
         return out
 
+    def split_frag() -> list[str]:
+        out = ["      float hl_b[8];"]
+        for v, base in ((0, "hl_c0 / 2"), (4, f"{g.bn // 2} + hl_c0 / 2")):
+            out.append(f"      {{ const float4 t = *(const float4*)&hl_Bs[hl_cur][hl_kk][{base}]; hl_b[{v}] = t.x; "
+                       f"hl_b[{v + 1}] = t.y; hl_b[{v + 2}] = t.z; hl_b[{v + 3}] = t.w; }}")
+        return out
+
     o += ["  {", *load("0"), *store("0"), "  }", "  __syncthreads();",
           f"  for (int hl_kt = 0; hl_kt < {kt}; ++hl_kt) {{",
           "    const int hl_cur = hl_kt & 1;",
@@ -1373,7 +1565,7 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
           "    #pragma unroll",
           f"    for (int hl_kk = 0; hl_kk < {g.bk}; ++hl_kk) {{",
           *frag("hl_a", "hl_As[hl_cur][hl_kk]", g.mr, "hl_r0"),
-          *frag("hl_b", "hl_Bs[hl_cur][hl_kk]", g.nr, "hl_c0"),
+          *(split_frag() if split else frag("hl_b", "hl_Bs[hl_cur][hl_kk]", g.nr, "hl_c0")),
           "      #pragma unroll",
           f"      for (int i = 0; i < {g.mr}; ++i) {{",
           "        #pragma unroll",
@@ -1406,7 +1598,7 @@ def generate_cuda(func: LoopFunc) -> CudaSource:
     head = ["// generated by hlotune (codegen.cuda)"]
     head.append("#include <cuda_fp16.h>")
     head.append(f"typedef {idx} hl_idx;")
-    head.append(PRELUDE)
+    head.append(_prelude())
     params = {b.name: b for b in func.params}
     params.update({a.buffer: BufferDecl(a.buffer, a.shape, a.dtype, "global") for a in temps})
     inputs = {b.name for b in func.inputs}
@@ -1443,6 +1635,7 @@ def _kernel(name: str, kern: Stmt, params: dict[str, BufferDecl], inputs: set[st
     scal.update({a.buffer: a for a in walk_stmts(kern) if isinstance(a, Allocate)})
     kern = _scalarize(kern, scal)
     plan = _plan(kern, name)
+    _grid_stride(kern, plan)
     kern = _sync(kern, plan, name)
     _check_barriers(kern, plan, name)
     gemms = _gemm_loops(kern, params, plan)
@@ -1484,6 +1677,24 @@ def _kernel(name: str, kern: Stmt, params: dict[str, BufferDecl], inputs: set[st
     lines.append("}")
     launch = Launch(name, tuple(plan.grid), tuple(plan.block), total, total if dynamic else 0, tuple(used))
     return "\n".join(lines) + "\n", launch
+
+
+#: grid-stride kernels: a kernel whose only blockIdx loop is one blockIdx.x loop of more than this many
+#: iterations, with no shared memory and no barrier, runs on this many blocks, each looping over its share of
+#: the iterations (0: off; measured on the H200 with 4-16 resident blocks per SM: 0.5-10 us slower than one block
+#: per tile for every memory-bound kernel).  Part of the generated text, so of the cache key.
+GRID_STRIDE_BLOCKS = 0
+
+
+def _grid_stride(kern: Stmt, plan: _KernelPlan) -> None:
+    g = GRID_STRIDE_BLOCKS
+    if not g or plan.grid[1:] != [1, 1] or plan.grid[0] <= g or plan.shared:
+        return
+    loops = [f for f in walk_stmts(kern) if isinstance(f, For) and f.kind in _BLOCK]
+    if len(loops) != 1 or any(isinstance(b, Barrier) for b in walk_stmts(kern)):
+        return
+    plan.stride_x = plan.grid[0]
+    plan.grid[0] = g
 
 
 def _gemm_loops(kern: Stmt, params: dict[str, BufferDecl], plan: _KernelPlan) -> dict[str, _Gemm]:

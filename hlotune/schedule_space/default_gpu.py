@@ -6,13 +6,16 @@ Map:
                           computing an MR x NR register tile of Rd (local), Rd's reduction split by BK;
                           for plain products of two inputs, shared-memory tiles of both (cache_read,
                           cooperative fetch by all threads of the block at each BK step)
+  _row_fused(cd)          a row-fused subgraph (reductions over rows, then an elementwise output reading them
+                          through broadcasts: softmax, layernorm): one kernel, a warp per row, reductions
+                          computed in the output's row loop
   _row_reduction(R)       rows up to 2048 long (>= 1024 rows): one warp per row, 8 rows per block
                           (threadIdx.x lanes, threadIdx.y rows, warp shuffles); longer rows: one block per row,
                           rfactor over threadIdx.x (cross-thread reduction of the partials)
   _column_reduction(R)    outputs spread over threads (serial reduction per thread; coalesced reads)
   _full_reduction(R)      partial sums per (block, thread) into a global temporary, then one combine
-  _elementwise(S)         fuse, then blockIdx.x / [2 unrolled] / threadIdx.x / vectorized 4 (float4 loads and
-                          stores) where 4 divides the size; else blockIdx.x / unrolled / threadIdx.x
+  _elementwise(S)         fuse, then blockIdx.x / threadIdx.x / vectorized 4 (one float4 load and store per
+                          thread) where 4 divides the size; else blockIdx.x / unrolled / threadIdx.x
 
 Rules: non-output elementwise stages are inlined into their consumers (no kernel and no round trip
 through device memory); every other stage is a kernel of its own (lowered at root), except a tiled
@@ -21,7 +24,7 @@ reduction computed inside its elementwise consumer's thread loop (Ansor's "fuse 
 
 from __future__ import annotations
 
-from ..ir.expr import Binary, ComputeDef, Load, Stage, walk
+from ..ir.expr import Binary, ComputeDef, Load, Stage, Unary, walk
 from ..ir.hlo import Op
 from ..target import Target
 from .default import _consumers, _contiguous_in, _divisor_at_most, _reads_same_point
@@ -49,7 +52,9 @@ def default_gpu_schedule(cd: ComputeDef, target: Target | None = None, rng=None,
     the SM count).  With `rng` (a numpy Generator), tile sizes, threads and elements per thread are drawn at
     random among legal choices instead (tests, and seeds for the search).  `options` (benchmarks): "tiles"
     = (MR, NR, TI, TJ, BK) for dot/conv stages, "per" = elements per thread and "threads" = threads per
-    block of elementwise stages."""
+    block of elementwise stages; row-fused subgraphs: "row_fused" (False: one kernel per stage), "rows" per
+    block, "row_cache" (the row's inputs copied to shared memory first), "row_keep" (False: inline softmax's exp
+    twice)."""
     global _RNG, _OPTS
     max_threads = (target.max_threads_per_block if target is not None and target.max_threads_per_block
                    else MAX_THREADS)
@@ -86,6 +91,9 @@ def _pick(default: int, n: int, cap: int) -> int:
 
 
 def _schedule(cd: ComputeDef, max_threads: int, threads: int) -> list[Step]:
+    row = _row_fused(cd) if _RNG is None and _OPTS.get("row_fused", True) else None
+    if row is not None:
+        return row
     cons = _consumers(cd)
     steps: list[Step] = []
     done: set[str] = set()
@@ -106,6 +114,110 @@ def _schedule(cd: ComputeDef, max_threads: int, threads: int) -> list[Step]:
         else:
             steps += _elementwise(stage.name, stage.axes, threads, vector=True)
     return [ComputeInline(n) for n in sorted(inlined, key=lambda n: -_pos(cd, n))] + steps
+
+
+ROW_FUSED_MAX = 8192    # longest row of the one-kernel row schedule (a warp per row, N / 32 elements per lane)
+ROW_CACHE_BYTES = 48 * 1024   # shared memory for the rows of a block kept by the row-fused schedule
+
+
+def _row_reductions(cd: ComputeDef) -> tuple[Stage, list[Stage]] | None:
+    """(O, [R...]) when `cd` is a row-fused subgraph (softmax, layernorm, rmsnorm as XLA's GPU fusions or the
+    front end's row fusion have them): one elementwise output O of shape (rows..., N); every other stage that is
+    not inlined is a reduction over one contiguous axis of N elements whose space shape is O's leading shape
+    (what O reads through broadcasts)."""
+    outs = [s for s in cd.stages if s.name in cd.outputs]
+    if len(outs) != 1 or outs[0].is_reduction or len(outs[0].axes) < 2:
+        return None
+    o = outs[0]
+    n = o.axes[-1].extent
+    lead = tuple(a.extent for a in o.axes[:-1])
+    reds = [s for s in cd.stages if s.is_reduction]
+    if not reds or n % 32 or not 64 <= n <= ROW_FUSED_MAX:
+        return None
+    for r in reds:
+        if (r.name in cd.outputs or len(r.reduce_axes) != 1 or r.reduce_axes[0].extent != n
+                or tuple(a.extent for a in r.axes) != lead or not _contiguous_in(r, r.reduce_axes[0].name)):
+            return None
+    return o, reds
+
+
+def _row_fused(cd: ComputeDef) -> list[Step] | None:
+    """One kernel for a row-fused subgraph: one warp per row (threadIdx.x: 32 lanes, threadIdx.y: up to 8 rows
+    of a block), the row's reductions computed in the output's row loop in order (per-lane partials of
+    coalesced reads, combined through one shared slot per lane and row), then the output's row written with
+    float4 stores.  Per-row scalar expressions (mean, 1 / sqrt(var + eps)) are loop-invariant in the row loop,
+    so they are computed once per row; the row is read from device memory once (later reads of the same row
+    by the same warp hit L1)."""
+    found = _row_reductions(cd)
+    if found is None:
+        return None
+    o, reds = found
+    name = o.name
+    n = o.axes[-1].extent
+    rows = _work(o) // n
+    inlined = [s.name for s in cd.stages if not s.is_reduction and s.name not in cd.outputs]
+    red_reads = {e.buffer for r in reds for e in walk(r.body) if isinstance(e, Load)}
+    cached = [b.name for b in cd.inputs if b.shape == o.shape and b.name in red_reads] \
+        if _OPTS.get("row_cache", False) else []
+    cons = _consumers(cd)
+    kept = [x for x in cd.stages if x.name in inlined and x.shape == o.shape and len(cons[x.name]) > 1
+            and _OPTS.get("row_keep", True) and any(isinstance(e, Unary) and e.op in _COSTLY for e in walk(x.body))]
+    inlined = [x for x in inlined if x not in {k.name for k in kept}]
+    ry = _divisor_at_most(rows, int(_OPTS.get("rows", ROWS_PER_BLOCK)))
+    if (cached or kept) and n * 4 * len(cached + kept) > ROW_CACHE_BYTES:
+        cached, kept, inlined = [], [], inlined + [k.name for k in kept]
+    while (cached or kept) and ry * n * 4 * len(cached + kept) > ROW_CACHE_BYTES:
+        ry = _divisor_at_most(rows, ry - 1)
+    steps: list[Step] = []
+    for b in cached:   # the row in shared memory (one copy per warp), fetched once with float4 loads
+        readers = tuple(x.name for x in cd.stages if any(isinstance(e, Load) and e.buffer == b for e in walk(x.body)))
+        steps.append(CacheRead(b, "local", readers))
+    steps += [ComputeInline(x) for x in sorted(inlined, key=lambda x: -_pos(cd, x))]
+    fs, s = _fuse_all(name, [a.name for a in o.axes[:-1]])
+    last = o.axes[-1].name
+    steps += fs + [Split(name, s, (ry,)), Annotate(name, f"{s}.0", ForKind.BLOCK_X),
+                   Annotate(name, f"{s}.1", ForKind.THREAD_Y)]
+    if n % (32 * VEC) == 0:
+        steps += [Split(name, last, (32, VEC)), Annotate(name, f"{last}.1", ForKind.THREAD_X),
+                  Annotate(name, f"{last}.2", ForKind.VECTORIZED)]
+        outer = n // (32 * VEC)
+    else:
+        steps += [Split(name, last, (32,)), Annotate(name, f"{last}.1", ForKind.THREAD_X)]
+        outer = n // 32
+    if outer <= 16:
+        steps.append(Annotate(name, f"{last}.0", ForKind.UNROLLED))
+    # consumers first, each placed in the row loop before its producers: the reductions (per-lane partials, a
+    # warp all-reduce), the kept stages (a transcendental read by a reduction and the output, softmax's exp:
+    # computed once per element into the warp's copy of the row), then the cached inputs
+    keep_names = {k.name for k in kept}
+    for r in reversed([x for x in cd.stages if x.is_reduction or x.name in keep_names]):
+        if r.name in keep_names:
+            steps += _row_copy(r.name, r.axes[-1].name, name, f"{s}.1", n)
+            continue
+        red = r.reduce_axes[0].name
+        steps += [Split(r.name, red, (32,)), RFactor(r.name, f"{red}.1"), ComputeAt(r.name, name, f"{s}.1"),
+                  ComputeAt(r.name + ".rf", r.name, r.axes[-1].name),
+                  Annotate(r.name + ".rf", f"{red}.1", ForKind.THREAD_X)]
+        if n // 32 <= 64:
+            steps.append(Annotate(r.name + ".rf", f"{red}.0", ForKind.UNROLLED))
+    for b in cached:
+        steps += _row_copy(f"{b}.local", f"ax{len(o.axes) - 1}", name, f"{s}.1", n)
+    return steps
+
+
+def _row_copy(c: str, ax: str, out: str, at: str, n: int) -> list[Step]:
+    """Stage `c` computed per row at `out`'s row loop `at`: lanes (float4 where 128 divides the row)."""
+    steps: list[Step] = [ComputeAt(c, out, at), Split(c, ax, (32, VEC) if n % (32 * VEC) == 0 else (32,)),
+                         Annotate(c, f"{ax}.1", ForKind.THREAD_X)]
+    if n % (32 * VEC) == 0:
+        steps.append(Annotate(c, f"{ax}.2", ForKind.VECTORIZED))
+    if n // (32 * VEC) <= 16:
+        steps.append(Annotate(c, f"{ax}.0", ForKind.UNROLLED))
+    return steps
+
+
+_COSTLY = frozenset({Op.EXP, Op.EXPM1, Op.LOG, Op.LOG1P, Op.TANH, Op.LOGISTIC, Op.SINE, Op.COSINE, Op.ERF,
+                     Op.POWER, Op.ATAN2})
 
 
 def _pos(cd: ComputeDef, name: str) -> int:
@@ -348,7 +460,7 @@ def _vector_elementwise(name: str, f: str, n: int, t: int) -> list[Step]:
     """blockIdx.x / [unrolled per] / threadIdx.x / vectorized 4: each thread stores VEC consecutive elements at
     once (a float4 store, and float4 loads of the inputs read at the same elements, see `codegen.cuda`), and
     `per` of those groups, a block's width apart (coalesced), in flight together."""
-    per = int(_OPTS.get("per", 2 if n >= t * VEC * 2 * 1024 else 1))
+    per = int(_OPTS.get("per", 1))   # H200: one float4 per thread beat 2 and 4 (gelu_tanh 91 vs 89 %, sin 81 vs 76)
     if n % (per * t * VEC):
         per = 1
     if per > 1:

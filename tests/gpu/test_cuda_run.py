@@ -105,3 +105,88 @@ def test_gemm_template_agrees_with_numpy(tiles):
             kern(*args, out)
             np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"{tiles} gemm={gemm}\n{hlo}")
     assert used >= 1, tiles
+
+
+def _unary(op: str, n: int) -> str:
+    return f"HloModule u\nENTRY m {{\n  x = f32[{n}] parameter(0)\n  ROOT y = f32[{n}] {op}(x)\n}}\n"
+
+
+@pytest.mark.parametrize("op,float_reduction", [("exponential", False), ("sine", False), ("cosine", False),
+                                                ("sine", True), ("cosine", True)])
+def test_float_math_within_documented_ulp(op, float_reduction, monkeypatch):
+    """float32 exp / sin / cos on the device against numpy float64 (rounded values' ulp), over a wide range of
+    magnitudes, the float32 neighbours of multiples of pi/2, and the special values (sin / cos also with the
+    float reduction and the out-of-line library call)."""
+    import hlotune
+    import hlotune.codegen.cuda as cuda_gen
+    import hlotune.codegen.cuda_runtime as rt
+    from hlotune.codegen.cuda import FLOAT_MATH_ULP
+    from hlotune.codegen.cuda_runtime import build_cuda
+    from hlotune.ir.hlo import Op
+
+    monkeypatch.setattr(cuda_gen, "SIN_FLOAT_REDUCTION", float_reduction)
+    monkeypatch.setattr(cuda_gen, "SIN_HUGE_CALL", float_reduction)
+    rt._KCACHE.clear()
+
+    rng = np.random.default_rng(7)
+    if op == "exponential":
+        xs = np.concatenate([rng.uniform(-103.9, 88.7, 1 << 20), rng.uniform(-1, 1, 1 << 16),
+                             -(10.0 ** rng.uniform(-30, 0, 4096))])
+        bound, fn = FLOAT_MATH_ULP[Op.EXP], np.exp
+    else:
+        mags = 10.0 ** rng.uniform(-30, 38, 1 << 19) * rng.choice([-1, 1], 1 << 19)
+        xs = np.concatenate([mags, rng.uniform(-20, 20, 1 << 19), np.arange(1, 1 << 16) * (np.pi / 2),
+                             np.float32(2.0 ** 30) * np.arange(1, 64)])
+        bound, fn = (FLOAT_MATH_ULP[Op.SINE], np.sin) if op == "sine" else (FLOAT_MATH_ULP[Op.COSINE], np.cos)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3.4e38, -3.4e38], np.float32)
+    x = np.concatenate([xs.astype(np.float32), specials])
+    x = np.concatenate([x, np.zeros((-len(x)) % 1024, np.float32)])
+    (sg,) = hlotune.load_model(_unary(op, len(x))).frontend.subgraphs
+    cd = sg.workload.compute
+    kern = build_cuda(lower(cd, default_gpu_schedule(cd), name=f"math_{op}"))
+    rt._KCACHE.clear()
+    out = np.full_like(x, np.nan)
+    kern(x, out)
+    with np.errstate(all="ignore"):
+        ref = fn(x.astype(np.float64))
+        ref32 = ref.astype(np.float32)
+    fin = np.isfinite(ref32) & np.isfinite(x)
+    ulp = np.abs(out[fin].astype(np.float64) - ref[fin]) / np.spacing(np.abs(ref32[fin])).astype(np.float64)
+    assert ulp.max() <= bound, (op, float(ulp.max()), float(x[fin][np.argmax(ulp)]))
+    np.testing.assert_array_equal(out[~fin], ref32[~fin])            # inf / NaN cases exactly as float64's
+    assert np.signbit(out[len(xs) + 1]) == (op == "sine")            # sin(-0) = -0
+
+
+@pytest.mark.parametrize("name", ["softmax", "layernorm"])
+def test_row_fused_bench_subgraph_one_kernel(name):
+    """XLA's GPU fusion of softmax / layernorm at bench size: one kernel, the algorithm's values."""
+    import hlotune
+    from hlotune.codegen.cuda_runtime import build_cuda
+    from tests.conftest import model_path
+
+    (sg,) = hlotune.load_model(str(model_path(name, "bench.gpu.opt.hlo"))).frontend.subgraphs
+    cd = sg.workload.compute
+    kern = build_cuda(lower(cd, default_gpu_schedule(cd), name=f"row_{name}"))
+    assert len(kern.source.launches) == 1
+    rng = np.random.default_rng(2)
+    args = [(rng.standard_normal(b.shape) * 2).astype(np.float32) for b in cd.inputs]
+    want = evaluate_compute(cd, args)
+    out = np.full(want[0].shape, np.nan, np.float32)
+    kern(*args, out)
+    np.testing.assert_allclose(out, want[0], rtol=2e-5, atol=2e-6)
+
+
+def test_grid_stride_elementwise_kernels():
+    import hlotune.codegen.cuda as cuda_gen
+    import hlotune.codegen.cuda_runtime as rt
+
+    for model, sg in _subgraphs():
+        if model in ("relu_chain", "gelu_tanh", "sin_mul_add"):
+            cuda_gen.GRID_STRIDE_BLOCKS = 5
+            rt._KCACHE.clear()
+            try:
+                _run_and_check(sg, default_gpu_schedule(sg.workload.compute, options={"threads": 32, "per": 1}),
+                               f"{model}/{sg.name} grid-stride", 3)
+            finally:
+                cuda_gen.GRID_STRIDE_BLOCKS = 0
+                rt._KCACHE.clear()

@@ -145,3 +145,25 @@ def test_device_arguments_at_odd_offsets_are_copied_aligned():
             views.append(buf[1:].view(a.shape))
         assert all(v.data_ptr() % 16 for v in views)
         _close([g.get() for g in exe(*views)], outs, name)
+
+
+@pytest.mark.parametrize("name", ["softmax", "layernorm"])
+def test_row_fused_gpu_fusions_compile_to_one_kernel(name):
+    """XLA's GPU fusion of the model (one row-fused subgraph) through hlotune.compile: one kernel, numpy's values."""
+    m = hlotune.load_model(str(model_path(name, "bench.gpu.opt.hlo")))
+    exe = hlotune.compile(m, target="cuda")
+    rng = np.random.default_rng(4)
+    args = [(rng.standard_normal(p.array_shape.dims) * 0.5).astype(np.float32)
+            for p in m.module.entry_computation.parameters]
+    res = exe(*args)
+    got = np.asarray(res[0] if isinstance(res, (list, tuple)) else res)
+    x = args[0].astype(np.float64)
+    if name == "softmax":
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        want = e / e.sum(axis=1, keepdims=True)
+    else:
+        mu = x.mean(axis=1, keepdims=True)
+        want = (x - mu) / np.sqrt(((x - mu) ** 2).mean(axis=1, keepdims=True) + 1e-5) * args[1] + args[2]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    if exe._gpu.fast is not None:
+        assert exe._gpu.fast.prog.n_kernels == 1
