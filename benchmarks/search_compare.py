@@ -52,13 +52,12 @@ SUBGRAPHS = (
     ("dense_relu_256x784x512", "mlp2", "bench.hlo", "max.3", "relu(X[256,784] @ W[784,512] + b) (mlp2 layer 1)"),
     ("batch_matmul_16x256x64x256", "batch_matmul", "bench.hlo", "dot_general.1",
      "batched matmul [16,256,64]x[16,64,256]"),
-    ("softmax_input_fusion_4096x1024", "softmax", "bench.hlo", "input_fusion",
-     "exp(x - max) and its row sum, X[4096,1024]"),
-    ("row_max_4096x1024", "softmax", "bench.hlo", "reduce_max.7", "row max reduction of X[4096,1024]"),
+    ("softmax_row_4096x1024", "softmax", "bench.hlo", "div.7",
+     "the whole softmax of X[4096,1024], one row-fused subgraph (max, exp, sum, divide)"),
     ("conv3x3_test", "conv2d_bias_relu", "hlo", "max.3", "relu(conv3x3(X[1,8,8,4], W[3,3,4,8]) + b) (test size)"),
     ("matmul_1024", "matmul", "bench.hlo", "dot_general.1", "C[1024,1024] = A @ B (workload A of ../shared/peers)"),
-    ("layernorm_sumsq_4096x2048", "layernorm", "bench.hlo", "reduce_sum.22",
-     "layernorm's row sum of squares, X[4096,2048]"),
+    ("layernorm_row_4096x2048", "layernorm", "bench.hlo", "add.11",
+     "the whole layernorm of X[4096,2048], one row-fused subgraph"),
     ("mlp_grad_dot_9", "mlp_train_step", "bench.hlo", "dot_general.9", "a weight-gradient dot of mlp_train_step"),
     ("attention_dot_9", "transformer_block", "bench.hlo", "dot_general.9", "an attention dot of transformer_block"),
 )
@@ -66,9 +65,21 @@ TUNE_TIMING = TimingConfig(warmup_ms=2.0, repeats=3, min_repeat_ms=5.0)
 REMEASURE_TIMING = TimingConfig(warmup_ms=10.0, repeats=5, min_repeat_ms=10.0)
 
 
+#: subgraphs that exist only with this session's fusion rules off (the earlier runs were made before them):
+#: with row fusion and transpose folding this dot is fused with the SGD update (subgraph sub.20)
+OLD_FUSION = {("mlp_train_step", "dot_general.9"): {"HLOTUNE_ROW_FUSION": "0", "HLOTUNE_FOLD_DOT_TRANSPOSE": "0"}}
+
+
 def load_subgraph(model: str, kind: str, name: str):
-    m = hlotune.load_model(str(MODELS_DIR / model / f"{model}.{kind}"))
-    for sg in m.frontend.subgraphs:
+    env = OLD_FUSION.get((model, name), {})
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        subgraphs = hlotune.load_model(str(MODELS_DIR / model / f"{model}.{kind}")).frontend.subgraphs   # lazy
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    for sg in subgraphs:
         if sg.name == name:
             return sg
     raise SystemExit(f"{model}.{kind} has no subgraph {name}")
@@ -110,7 +121,7 @@ def tune_all(a, subs, target: Target, state: dict, out: Path) -> None:
             order = list(POLICIES[si % 3:] + POLICIES[:si % 3])
             for policy in order:
                 rid = f"{label}-{policy}-s{seed}"
-                if rid in runs and runs[rid].get("done"):
+                if policy not in a.policies or (rid in runs and runs[rid].get("done")):
                     continue
                 if time.time() > a.deadline:
                     print(f"deadline: skipping {rid}", flush=True)
@@ -123,6 +134,7 @@ def tune_all(a, subs, target: Target, state: dict, out: Path) -> None:
                 try:
                     rep = tune_model(one_subgraph_model(label, sg), db, target, trials=a.trials, seed=seed,
                                      workers=a.workers, policy=policy, batch_size=a.batch, timing=TUNE_TIMING,
+                                     cost_model=a.cost_model if policy == "evolutionary" else None,
                                      progress=False, write_log=False, early_stopping=None,
                                      db_location=str(db_path))
                 finally:
@@ -175,6 +187,19 @@ def trials_to_90(costs: list[float]) -> int | None:
     return None
 
 
+def pretrain(db: str, held_out: list[str], out: Path) -> str:
+    """A cost model trained on `db` without the compared workloads (so it has never seen them)."""
+    from hlotune.cost_model.model import CostModel
+    from hlotune.search.cost_model_cli import samples_from_db
+
+    samples = [s for s in samples_from_db(db) if s.workload_key not in set(held_out)]
+    path = out / "pretrained.json"
+    CostModel(seed=0).fit(samples).save(path)
+    print(f"pretrained on {len(samples)} records of {len({s.workload_key for s in samples})} workloads "
+          f"(held out: {len(held_out)}) -> {path}", flush=True)
+    return str(path)
+
+
 # ----------------------------------------------------------------------------- 2. re-measure
 
 def remeasure(a, subs, target: Target, state: dict, out: Path) -> None:
@@ -190,7 +215,7 @@ def remeasure(a, subs, target: Target, state: dict, out: Path) -> None:
             if default is not None:
                 cands[default.key] = default
             who: dict[str, str] = {}
-            for rid, r in runs.items():
+            for rid, r in {**runs, **state.get("cold_runs", {})}.items():   # cold_runs: an earlier arm kept
                 if r["label"] != label or not r.get("done"):
                     continue
                 costs, recs = trajectory(r["db"], target)
@@ -266,6 +291,57 @@ def round_time(a, subs, target: Target, state: dict, out: Path) -> None:
 
 # ----------------------------------------------------------------------------- 4. report
 
+def _t90_of(costs: list[float], goal: float) -> int | None:
+    best = math.inf
+    for i, c in enumerate(costs, 1):
+        best = min(best, c)
+        if goal / best >= 0.9:
+            return i
+    return None
+
+
+def transfer_rows(state: dict, rem: dict) -> list[str]:
+    """Issue 5's transfer figure: the evolutionary runs started from the pretrained model against the same
+    seeds' runs from a cold model (`cold_runs`, an earlier run kept in the state): trials until the best so far
+    is within 90% of the better of the two runs' in-run bests, and the re-measured final bests."""
+    target = Target.host_cpu()
+    L = ["", "Pretrained against cold cost model (issue 5's transfer target): the same evolutionary search, seeds "
+         "and budget, one arm starting from the pretrained model (which never saw these workloads), the other "
+         "from a fresh model (random until it has data; the runs of the earlier section, kept in this run's "
+         "state as `cold_runs`). Trials until the best so far is within 90% of the better of the two runs' "
+         "in-run bests (per seed, pretrained / cold), and each arm's re-measured final best (median of seeds):\n",
+         "| subgraph | trials to 90% of the common best, pretrained / cold (per seed) | ratio (sum) | "
+         "re-measured best ms, pretrained / cold |", "|---|---|---|---|"]
+    ratios = []
+    for label, *_ in SUBGRAPHS:
+        pre = {v["seed"]: v for v in state["runs"].values() if v["label"] == label
+               and v["policy"] == "evolutionary" and v.get("done")}
+        cold = {v["seed"]: v for v in state["cold_runs"].values() if v["label"] == label and v.get("done")}
+        seeds = sorted(set(pre) & set(cold))
+        if not seeds:
+            continue
+        pairs = []
+        for sd in seeds:
+            cp, cc = trajectory(pre[sd]["db"], target)[0], trajectory(cold[sd]["db"], target)[0]
+            goal = min(min(cp), min(cc))
+            pairs.append((_t90_of(cp, goal), _t90_of(cc, goal)))
+        tp, tc = sum(p or 0 for p, _ in pairs), sum(c or 0 for _, c in pairs)
+        ratios.append(tp / tc if tc else math.nan)
+        med = rem.get(label, {}).get("median_s", {})
+
+        def best(runs, med=med):
+            vals = [med.get(v.get("best_key")) for v in runs.values()]
+            return statistics.median([x for x in vals if x is not None]) if any(x is not None for x in vals) \
+                else None
+        L.append(f"| {label} | {', '.join(f'{p} / {c}' for p, c in pairs)} | {ratios[-1]:.2f} | "
+                 f"{_ms(best(pre))} / {_ms(best(cold))} |")
+    if ratios:
+        ok = sum(r <= 0.5 for r in ratios)
+        L.append(f"\nTarget (issue 5): the pretrained model reaches 90% in half the trials or fewer: {ok} of "
+                 f"{len(ratios)} subgraphs (median ratio {statistics.median(ratios):.2f}).")
+    return L
+
+
 def _ms(x) -> str:
     return "—" if x is None or not math.isfinite(x) else f"{x * 1e3:.4g}"
 
@@ -283,7 +359,10 @@ def report(a, state: dict, command: str) -> str:
          f"200{'' if a.trials >= 200 else ' — cut to fit the time limit of this run'}), batch {a.batch} per "
          f"round (a candidate that beats the run's best is measured twice more beside it before it counts: "
          f"`tune --confirm`), evolutionary with "
-         f"population 2048 / 4 generations and a fresh XGBoost model trained online on that run's records, "
+         f"population 2048 / 4 generations and "
+         + (f"an XGBoost model pretrained on `{a.pretrain}` without the compared workloads (so it never saw "
+            f"them), warm-started online on the run's records, " if getattr(a, "pretrain", None) else
+            "a fresh XGBoost model trained online on that run's records, ") +
          f"seeds {', '.join(map(str, a.seeds))}, timing {TUNE_TIMING.repeats} repeats of "
          f"≥{TUNE_TIMING.min_repeat_ms:g} ms, policies interleaved seed by seed (order rotated per seed). "
          f"Then each run's final best schedule and the default were re-measured together in one batch per "
@@ -357,6 +436,8 @@ def report(a, state: dict, command: str) -> str:
             evo15.extend(f <= 0.15 for f in fr)
         L.append(f"| {label} | {p} | {', '.join(str(t) for t in t90)} | {', '.join(str(k) for k in n)} | "
                  f"{'yes' if ok else 'no' if ok is not None else '—'} |")
+    if state.get("cold_runs"):
+        L += transfer_rows(state, rem)
     rt = state.get("round_time")
     L.append("")
     if rt:
@@ -403,6 +484,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--notes", default="", help="text appended to the section")
     ap.add_argument("--doc", default=str(REPO / "docs" / "benchmarks.md"))
+    ap.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
+                    help="policies to tune in this run (the others' finished runs in --out are kept)")
+    ap.add_argument("--pretrain", default=None, metavar="DB",
+                    help="start the evolutionary runs from a cost model trained on DB minus every compared "
+                         "subgraph's workload (<out>/pretrained.json); default: a fresh (cold) model")
     a = ap.parse_args(argv)
     command = "python benchmarks/search_compare.py " + " ".join(argv if argv is not None else sys.argv[1:])
     out = Path(a.out)
@@ -419,6 +505,10 @@ def main(argv: list[str] | None = None) -> int:
         target = Target.host_cpu()
         chosen = [s for s in SUBGRAPHS if a.subgraphs is None or s[0] in a.subgraphs]
         subs = [(label, load_subgraph(m, k, n)) for label, m, k, n, _ in chosen]
+        a.cost_model = "none"
+        if a.pretrain:
+            a.cost_model = pretrain(a.pretrain, [sg.workload.key for _, sg in subs], out)
+            state.setdefault("settings", {})["pretrain"] = a.pretrain
         if not a.skip_tune:
             tune_all(a, subs, target, state, out)
         if not a.skip_remeasure:

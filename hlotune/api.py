@@ -255,7 +255,8 @@ def tune(model: Any, tuning_log: Any = None, target: str | Sequence[str] = "cpu"
     database, earlier runs included; default 1000 when no time budget is given) and/or `time_budget`
     (seconds or "8h", earlier runs included).  Running it again continues where it stopped.  `policy`:
     "evolutionary" (cost-model-guided, the default), "random" or "optuna" (TPE).  `cost_model`: a path to a
-    pretrained model or a model object.  Other options (see `search.tuner.tune_model`): batch_size,
+    pretrained model, a model object, "none" (a fresh model) or None (setting `cost_model`, default "auto": the
+    model shipped with hlotune on the CPU).  Other options (see `search.tuner.tune_model`): batch_size,
     population, generations, early_stopping, timing (measure.runner.TimingConfig), measurer, progress,
     stream, log_dir, write_log.
 

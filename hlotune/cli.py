@@ -161,8 +161,9 @@ def _add_tune_parser(sub) -> None:
     p.add_argument("--time-budget", default=None, metavar="DURATION", help="e.g. 90s, 15m, 8h (all runs together)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=None, help="builder processes (default: one per core)")
-    p.add_argument("--cost-model", default=None, metavar="PATH", help="a pretrained cost model (hlotune cost-model "
-                                                                       "train)")
+    p.add_argument("--cost-model", default=None, metavar="PATH",
+                   help="the cost model to start from: a file from `hlotune cost-model train`, 'none' (a fresh model) "
+                        "or 'auto' (default: the model shipped for the CPU; setting HLOTUNE_COST_MODEL)")
     p.add_argument("--policy", choices=POLICIES, default="evolutionary", help="search policy (default evolutionary)")
     p.add_argument("--batch-size", type=int, default=64, help="candidates measured per round (default 64)")
     p.add_argument("--population", type=int, default=2048, help="evolutionary population (default 2048)")

@@ -3,6 +3,8 @@
 Map:
   ProgramMeasurer(builder, runner, seed, overlap, fault_hook)
     .measure_batch(inputs) -> list[MeasureResult]     in input order; never raises for a candidate
+    .abort()  (any thread) the batch in progress stops after its current candidate (KeyboardInterrupt), as
+              does every later one; for a tuner whose measuring thread must end at Ctrl-C
     .close()  (also a context manager)
   measure_batch(inputs, **kw)        one-shot convenience (starts and stops its own processes)
   FaultHook                          test hook: candidate (batch index or schedule key) -> fault
@@ -84,6 +86,12 @@ class ProgramMeasurer:
         self.overlap = overlap
         self.fault_hook = fault_hook
         self.stats = {"batches": 0, "candidates": 0, "wall_s": 0.0, "build_wall_s": 0.0, "run_wall_s": 0.0}
+        self._abort = threading.Event()
+
+    def abort(self) -> None:
+        """Stop measuring (from any thread): the batch in progress raises KeyboardInterrupt after its current
+        candidate (or build phase), and so does every later call of measure_batch."""
+        self._abort.set()
 
     def _jobs(self, inputs: Sequence[MeasureInput]) -> tuple[list[BuildJob], list[str | None]]:
         jobs, faults = [], []
@@ -104,6 +112,8 @@ class ProgramMeasurer:
         return out
 
     def _run(self, inp: MeasureInput, data: TaskData | Exception, build: BuildResult, fault: str | None):
+        if self._abort.is_set():
+            raise KeyboardInterrupt("measurement aborted")
         if isinstance(data, Exception):
             return MeasureResult((), ErrorKind.UNKNOWN, f"no reference for the task: {type(data).__name__}: {data}",
                                  build.build_s, 0.0)
@@ -116,6 +126,8 @@ class ProgramMeasurer:
         """Build and run every candidate; results in input order (see the module docstring)."""
         t0 = time.perf_counter()
         inputs = list(inputs)
+        if self._abort.is_set():
+            raise KeyboardInterrupt("measurement aborted")
         if not inputs:
             return []
         jobs, faults = self._jobs(inputs)

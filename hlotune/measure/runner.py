@@ -1,9 +1,12 @@
 """LocalRunner: load compiled candidates in one isolated process, check their output, time them.
 
 Map:
-  TimingConfig     warm-up, repeats, minimum time per repeat, cache flush
-  LocalRunner(timing, timeout, memory_bytes)
+  TimingConfig     warm-up, repeats, minimum time per repeat, cache flush, early cutoff
+  LocalRunner(timing, timeout, memory_bytes, target, cutoff)
     .run(task_data, builds, faults) -> list[MeasureResult]   one candidate at a time
+    .set_best({task key: seconds})   the tuner's per-task best, for the early cutoff of hopeless candidates
+    .realtime() -> bool              whether the runner process really times at SCHED_RR
+    .set_priority(p) -> bool         time at SCHED_RR priority p (above a tuner that itself runs real-time)
     .close()
   load_kernel(build, target) -> CpuKernel      object code -> execution engine -> CpuKernel (in-process)
   measure_kernel(kernel, data, timing, fault)  check + timing of one loaded kernel (in-process)
@@ -30,6 +33,10 @@ Per candidate, in the runner:
      the warm-up; `repeats` repeats, each timed with `time.perf_counter_ns` around the calls of
      `kernel.bind(...)`; cost = seconds per call.  With `flush_cache`, a buffer of twice the last-level
      cache (at most FLUSH_MAX_BYTES) is written before each repeat and `number` is 1 (each cost is one cold call).
+  5. early cutoff: when the first repeat is slower than `cutoff_s` per call, the candidate stops there and
+     is valid with that one repeat (the LocalRunner sets `cutoff_s` = `cutoff` x the task's best given by
+     `set_best`, setting `measure_cutoff`, default 3): a schedule many times slower than the best is not worth
+     timing in full, and one repeat of it is still a real, checked measurement the cost model learns from.
 Defaults: 3 repeats of at least 34 ms, so a candidate is timed for about 100 ms (plus 10 ms of
 warm-up), as the issue asks for CPUs.  The timed calls include the ~0.2 us of a Python call through
 ctypes (the same as an executable's), which matters only for kernels of a few microseconds.
@@ -42,7 +49,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -66,6 +73,8 @@ class TimingConfig:
     repeats: int = 3
     min_repeat_ms: float = 34.0
     flush_cache: bool = False
+    #: stop after the first repeat when it took more than this many seconds per call (0: never)
+    cutoff_s: float = 0.0
 
 
 # ----------------------------------------------------------------------------- in-process pieces
@@ -167,7 +176,7 @@ def measure_kernel(kernel, data: TaskData, timing: TimingConfig, fault: str | No
         spent = first + time.perf_counter_ns() - t0
     per_call = max(1, (spent - first) // (calls - 1) if calls > 1 else first)
     number = 1 if timing.flush_cache else max(1, math.ceil(timing.min_repeat_ms * 1e6 / per_call))
-    costs = []
+    costs: list[float] = []
     for _ in range(max(1, timing.repeats)):
         if flusher is not None:
             flusher()
@@ -175,6 +184,8 @@ def measure_kernel(kernel, data: TaskData, timing: TimingConfig, fault: str | No
         for _ in range(number):
             run()
         costs.append((time.perf_counter_ns() - t0) / number * 1e-9)
+        if len(costs) == 1 and 0 < timing.cutoff_s < costs[0]:   # hopeless: one repeat is enough
+            break
     return ErrorKind.NONE, "", tuple(costs)
 
 
@@ -226,6 +237,22 @@ def raise_priority() -> bool:
         return False
 
 
+def set_rr(pid: int, priority: int) -> bool:
+    """SCHED_RR `priority` for every thread of process `pid` (threads it starts later inherit it); False when not
+    allowed for one of them."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except (OSError, ValueError):
+        tids = [pid]
+    ok = True
+    for tid in tids:
+        try:
+            os.sched_setscheduler(tid, os.SCHED_RR, os.sched_param(priority))
+        except (AttributeError, OSError):
+            ok = False
+    return ok
+
+
 def make_handler(target_json: str) -> _RunHandler:
     return _RunHandler(target_json)
 
@@ -235,7 +262,9 @@ def make_handler(target_json: str) -> _RunHandler:
 class LocalRunner:
     """Runs built candidates of a task in an isolated process (see the module docstring).
     `timeout`: seconds per candidate (load + check + timing); `memory_bytes`: the runner's address
-    space beyond its size at start (None: no cap)."""
+    space beyond its size at start (None: no cap); `cutoff`: a candidate whose first timed repeat is more than
+    this many times slower than its task's best (`set_best`) stops there (None: setting `measure_cutoff`;
+    0: off)."""
 
     #: the runner process: its message handler, process name, and how errors name it
     HANDLER = "hlotune.measure.runner:make_handler"
@@ -243,9 +272,12 @@ class LocalRunner:
     WHAT = "the runner process"
 
     def __init__(self, timing: TimingConfig | None = None, timeout: float = 10.0,
-                 memory_bytes: int | None = None, target: Target | None = None):
+                 memory_bytes: int | None = None, target: Target | None = None, cutoff: float | None = None):
         self.timing = timing or TimingConfig()
         self.timeout = float(timeout)
+        self.cutoff = float(config.get("measure_cutoff") if cutoff is None else cutoff)
+        self.best: dict[str, float] = {}
+        self.priority: int | None = None
         self.memory_bytes = memory_bytes if memory_bytes is not None else _default_memory()
         self.target = target
         self._worker: Worker | None = None
@@ -270,6 +302,8 @@ class LocalRunner:
             w = Worker(self.HANDLER, self._target().to_json(), self.memory_bytes, self.PROCESS_NAME).start()
             if w.wait_ready(START_TIMEOUT):
                 self._worker = w
+                if self.priority is not None:
+                    set_rr(w.proc.pid, self.priority)
                 return w
             w.kill()
         self._worker = None
@@ -278,6 +312,34 @@ class LocalRunner:
     def start(self) -> None:
         """Start the runner process now (else it starts with the first candidate)."""
         self._ensure()
+
+    def set_best(self, best: dict[str, float]) -> None:
+        """The best latency measured so far per task key (the tuner sets it before each batch): a candidate of
+        such a task whose first timed repeat is more than `cutoff` times slower stops after that repeat."""
+        self.best = {k: float(v) for k, v in best.items() if math.isfinite(v) and v > 0}
+
+    def _timing(self, key: str) -> TimingConfig:
+        best = self.best.get(key)
+        if not best or self.cutoff <= 0:
+            return self.timing
+        return replace(self.timing, cutoff_s=self.cutoff * best)
+
+    def realtime(self) -> bool:
+        """Whether the runner process times at real-time priority (SCHED_RR; setting `measure_realtime`, where
+        this user may): asked of the running process itself, which is started if need be."""
+        w = self._ensure()
+        try:
+            return w is not None and os.sched_getscheduler(w.proc.pid) == os.SCHED_RR
+        except (AttributeError, OSError):
+            return False
+
+    def set_priority(self, priority: int) -> bool:
+        """Time at SCHED_RR `priority` (every thread of the runner process, and of any runner started after it):
+        above a tuner that itself runs at real-time priority (started under `chrt`), whose search can then run
+        while a candidate is timed without disturbing it.  False when not allowed."""
+        self.priority = int(priority)
+        w = self._ensure()
+        return w is not None and set_rr(w.proc.pid, self.priority)
 
     def run_one(self, data: TaskData, build: BuildResult, fault: str | None = None) -> MeasureResult:
         """Measure one built candidate of the task whose TaskData is `data`."""
@@ -291,7 +353,7 @@ class LocalRunner:
             if data.key not in self._sent:
                 w.send(("task", data))
                 self._sent.add(data.key)
-            w.send(("run", data.key, build, self.timing, fault))
+            w.send(("run", data.key, build, self._timing(data.key), fault))
         except Exception as e:
             self._kill()
             return MeasureResult((), ErrorKind.UNKNOWN, f"cannot send the candidate to the runner: {e}",

@@ -111,6 +111,9 @@ def remeasure_ceiling(samples: list[Sample], feats: list, min_ratio: float = 1.0
 
 def _cmd_train(a) -> int:
     samples = [s for spec in a.db for s in samples_from_db(spec, a.target)]
+    drop = set(a.exclude or ())
+    if drop:   # held-out workloads (e.g. the ones a benchmark will tune): by key or by subgraph name
+        samples = [s for s in samples if s.workload_key not in drop and s.compute.name not in drop]
     model = CostModel(seed=a.seed, mode=a.mode)
     model.fit(samples)
     if not model.trained:
@@ -174,6 +177,8 @@ def add_cost_model_parser(subparsers) -> None:
     t.add_argument("--mode", choices=MODES, default="packsum")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--target", default=None, help="only records of this target fingerprint")
+    t.add_argument("--exclude", nargs="*", metavar="KEY", help="leave out these workloads (workload keys or "
+                                                               "subgraph names), e.g. the ones to be tuned")
     t.set_defaults(func=_guard(_cmd_train))
     e = sub.add_parser("eval", help="pairwise accuracy and peak@k per workload (leave one workload out, or of "
                                     "a saved model with --model)")

@@ -5,7 +5,8 @@ Map:
   TuneReport / SubgraphReport                        what a run did: per subgraph best / default latency,
                                                      trials, error kinds; estimated whole-model latency
   parse_duration("8h") -> seconds                    30s, 15m, 8h, 1h30m, 2d or a number of seconds
-  make_cost_model(path, seed)                        a pretrained model (--cost-model) or a fresh XGBoost one
+  make_cost_model(path, seed, target)                a pretrained model (--cost-model; by default the one shipped
+                                                     for the CPU, BUILTIN_MODEL) or a fresh XGBoost one
   POLICIES                                           evolutionary | random | optuna
 
 One run:
@@ -19,7 +20,17 @@ One run:
      earlier runs' time, kept in a state file under the log dir) or every task has stopped: the task
      scheduler picks a task, its policy proposes a batch (never a measured schedule), the batch is
      measured, its records are committed to the database in one transaction (so a kill loses at most the
-     batch in flight), then the cost model, the policy and the scheduler learn the results.
+     batch in flight), then the cost model, the policy and the scheduler learn the results.  The runner is
+     given each task's best (`set_best`): a candidate whose first timed repeat is already `measure_cutoff`
+     times slower stops there.
+  5. pipelined (`tune_pipeline`: on cuda, or when the CPU runner times at real-time priority): batch k is
+     measured by a background thread while the main thread searches batch k+1 (knowing batches up to k-1,
+     excluding batch k's candidates); batch k is then committed, batch k+1 submitted, and the cost model
+     learns batch k while batch k+1 is measured.  The trials in flight count for the budget and for the
+     random streams (seeded runs stay reproducible); a batch proposed when the budget has run out is dropped.
+     The search must not share the cores with a timing as an equal: a tuner itself at real-time priority
+     (`chrt`) puts its runner one priority above it (`_search_beside_measurement`).  Ctrl-C loses the batch in
+     flight (the measurer is told to abort) and is never lost itself (`_CtrlC`: the search forks).
 Each run writes a JSON-lines log `tune-<model>-<time>.jsonl` under the log dir (one line per batch).
 Randomness: every round draws from `derive_rng(seed, trials so far, task)`, so a seeded run proposes the same
 candidates when the measurements are the same.
@@ -32,14 +43,18 @@ import json
 import math
 import os
 import re
+import signal
+import sys
+import threading
 import time
 import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .. import config
-from ..errors import InputError
+from ..errors import HlotuneError, InputError
 from ..measure.records import MeasureInput
 from ..schedule_space.steps import Schedule, schedule_from_json
 from ..schedule_space.task import Task, tasks_from_subgraphs
@@ -106,6 +121,7 @@ class TuneReport:
     train_s: float = 0.0            # cost model training
     stop_reason: str = ""
     interrupted: bool = False
+    pipelined: bool = False         # the next batch was searched while one was measured (setting tune_pipeline)
     log_file: str = ""
     subgraphs: list[SubgraphReport] = field(default_factory=list)
 
@@ -189,20 +205,42 @@ def parse_duration(text: Any) -> float | None:
     return v
 
 
-def make_cost_model(path: str | None = None, seed: int = 0):
-    """A pretrained cost model from `path`, else a fresh XGBoost model (random until it has data); the
-    random model when xgboost is not installed."""
+#: the CPU cost model shipped with hlotune: trained on random schedules of the fixture subgraphs measured on a
+#: 2-core AVX-512 machine (benchmarks/make_cost_model_data.py, then `hlotune cost-model train`; docs/cost_model.md)
+BUILTIN_MODEL = Path(__file__).resolve().parent.parent / "data" / "cost_model_cpu.json"
+
+
+def make_cost_model(path: str | None = None, seed: int = 0, target: Target | None = None):
+    """The cost model a search starts from.  `path`: a pretrained model file; "none": a fresh XGBoost model
+    (random until it has data); None or "auto": the setting `cost_model` (default "auto": the model shipped with
+    hlotune on a CPU target, a fresh one elsewhere or when the shipped file does not fit this hlotune, with a
+    warning).  The random model when xgboost is not installed."""
     from ..cost_model.model import CostModel, RandomModel
 
-    if path:
-        return CostModel.load(path)
+    path = config.get("cost_model") if path in (None, "") else path
     try:
         import xgboost  # noqa: F401
     except ImportError:
         warnings.warn("xgboost is not installed: the search uses a random cost model "
                       "(pip install 'hlotune[search]')", stacklevel=2)
         return RandomModel(seed)
-    return CostModel(seed=seed)
+    if str(path).lower() == "auto":
+        return _builtin_model(seed, target)
+    if str(path).lower() == "none":
+        return CostModel(seed=seed)
+    return CostModel.load(path)
+
+
+def _builtin_model(seed: int, target: Target | None):
+    from ..cost_model.model import CostModel
+
+    if (target is not None and target.kind != "cpu") or not BUILTIN_MODEL.is_file():
+        return CostModel(seed=seed)
+    try:
+        return CostModel.load(BUILTIN_MODEL)
+    except HlotuneError as e:   # a feature version this file predates: start cold rather than fail
+        warnings.warn(f"the shipped cost model cannot be used ({e}); starting from a fresh model", stacklevel=3)
+        return CostModel(seed=seed)
 
 
 def _model_update(model, samples, fit: bool = False) -> None:
@@ -319,8 +357,11 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
                batch_size: int = 64, population: int = 2048, generations: int = 4,
                early_stopping: int | None = DEFAULT_EARLY_STOPPING, timing=None, measurer=None, confirm: int = 2,
                progress: bool = True, stream=None, log_dir: str | None = None, write_log: bool = True,
-               db_location: str = "") -> TuneReport:
-    """Tune `model` (a loaded `api.Model`) into the open database `db` (see the module docstring)."""
+               db_location: str = "", pipeline: str | bool | None = None) -> TuneReport:
+    """Tune `model` (a loaded `api.Model`) into the open database `db` (see the module docstring).  `pipeline`:
+    search the next batch while one is measured, "auto" | "on" | "off" or a bool (None: setting `tune_pipeline`;
+    auto: on cuda, or on the CPU when the runner times at real-time priority)."""
+    pipeline = _pipeline_mode(pipeline)
     if policy not in POLICIES:
         raise InputError(f"unknown search policy {policy!r} (one of {', '.join(POLICIES)})")
     if trials is not None and trials < 0:
@@ -362,6 +403,9 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
     own_measurer = measurer is None
     cmodel = None
     done = 0
+    pipelined: bool | None = None   # decided at the first round's batch (the runner must be started to know)
+    pending: _Batch | None = None    # the batch being measured while the next one is searched
+    restore: list[tuple] = []        # what _search_beside_measurement changed
 
     def elapsed() -> float:
         return elapsed0 + time.perf_counter() - t_start
@@ -372,18 +416,32 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
     def defaults() -> list[float]:
         return [r.default if r.default is not None else math.inf for r in runs]
 
-    def measure(i_of: list[int], scheds: list[Schedule]) -> list[float]:
-        nonlocal done, cmodel, measurer
+    def get_measurer():
+        nonlocal measurer
         if measurer is None:
             measurer = _default_measurer(workers, timing, seed, target)
+        return measurer
+
+    def run_batch(m, i_of: list[int], scheds: list[Schedule]):
+        """Measure a batch and confirm its new bests (the measuring thread's work when pipelined: it reads the
+        tasks' state, which only the main thread changes, in commit, and never while a batch is in flight)."""
         t0 = time.perf_counter()
-        _limit_run_time(measurer, [runs[i] for i in set(i_of)])
+        _limit_run_time(m, [runs[i] for i in set(i_of)])
+        _set_best(m, [runs[i] for i in set(i_of)])
         inputs = [MeasureInput(runs[i].task, s) for i, s in zip(i_of, scheds)]
-        results = measurer.measure_batch(inputs)
-        again = _confirm(measurer, runs, i_of, inputs, results, confirm) if confirm else []
+        results = m.measure_batch(inputs)
+        again = _confirm(m, runs, i_of, inputs, results, confirm) if confirm else []
+        return inputs, results, again, time.perf_counter() - t0
+
+    def commit(i_of: list[int], measured) -> list[float]:
+        """A measured batch into the database (one transaction: a kill loses at most what is in flight), then
+        into the tasks' state."""
+        nonlocal done
+        inputs, results, again, t_meas = measured
+        t0 = time.perf_counter()
         records = [to_record(inp, res) for inp, res in zip(inputs, results)]
         db.add_many(records + [to_record(inp, res) for _, inp, res in again])   # one transaction
-        report.measure_s += time.perf_counter() - t0
+        report.measure_s += t_meas + time.perf_counter() - t0
         done += len(records)
         costs = []
         for i, inp, res in zip(i_of, inputs, results):
@@ -392,17 +450,82 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
             costs.append(c)
         for i, inp, res in again:
             runs[i].add(inp.schedule.key, res.median, res.error_kind.value, inp.schedule)
+        log.save_state(elapsed(), total())
+        return costs
+
+    def learn(measured) -> None:
+        inputs, results = measured[:2]
         if cmodel is not None:
             t1 = time.perf_counter()
             _model_update(cmodel, [(inp.task, inp.schedule, tuple(res.costs) if res.valid else ())
                                    for inp, res in zip(inputs, results)])
             report.train_s += time.perf_counter() - t1
-        log.save_state(elapsed(), total())
+
+    def measure(i_of: list[int], scheds: list[Schedule]) -> list[float]:
+        measured = run_batch(get_measurer(), i_of, scheds)
+        costs = commit(i_of, measured)
+        learn(measured)
         return costs
+
+    def submit(b: _Batch) -> _Batch:
+        nonlocal pipelined
+        m = get_measurer()
+        if pipelined is None:
+            pipelined = report.pipelined = _pipelined(pipeline, m, target)
+            how = ""
+            if pipelined:
+                restore.append(_search_beside_measurement(m))
+                how = restore[-1][2]
+            log.write("pipeline", on=pipelined, priority=how)
+        b.best_before = runs[b.i].best
+        b.job = _Job(run_batch, (m, [b.i] * len(b.cands), b.cands), background=pipelined)
+        return b
+
+    def settle(b: _Batch):
+        """Wait for a batch, commit it, tell its policy and the scheduler: (costs, the measured batch)."""
+        measured = b.job.result(ctrl_c.check)
+        costs = commit([b.i] * len(b.cands), measured)
+        r = runs[b.i]
+        r.policy.observe(b.cands, costs)
+        sched.update(b.i, len(b.cands), r.best)
+        sched.defaults = defaults()
+        return costs, measured
+
+    def wrap_up(b: _Batch, costs: list[float], measured) -> None:
+        """After a batch: the cost model learns it (while the next batch is measured, when pipelined), the log
+        line, the progress bar."""
+        learn(measured)
+        r = runs[b.i]
+        log.write("batch", task=r.task.name, key=r.task.key, n=len(b.cands),
+                  valid=sum(math.isfinite(c) for c in costs), best_s=r.best if math.isfinite(r.best) else None,
+                  trials_total=total(), elapsed_s=elapsed(), search_s=b.t_search, train_s_total=report.train_s,
+                  model_s=sched.objective(), search_stats=b.stats)
+        if r.best < b.best_before:
+            sp = f" ({r.default / r.best:.2f}x over default)" if r.default else ""
+            prog.line(f"  {r.task.name}: best {fmt_latency(r.best)}{sp}")
+        if sched.states[b.i].dead:
+            prog.line(f"  {r.task.name}: stopped ({sched.states[b.i].dead})")
+        prog.update(total(), elapsed(), sched.objective(), _sum_default(runs))
+
+    def flush() -> None:
+        nonlocal pending
+        b, pending = pending, None
+        if b is not None:
+            wrap_up(b, *settle(b))
+
+    def time_cut(cands: list[Schedule]) -> tuple[list[Schedule], str]:
+        """A pipelined batch proposed while the last was measured, cut to the time budget left ("": none left)."""
+        if time_budget is None:
+            return cands, ""
+        per = (report.measure_s + report.train_s) / max(1, done)
+        left = time_budget - elapsed()
+        if left <= 0 or left < per:
+            return [], f"time budget ({fmt_time(time_budget)}) reached"
+        return cands[: max(1, int(left / per))], ""
 
     if policy == "evolutionary":   # loaded before anything is measured: a bad --cost-model fails at once
         cmodel = cost_model if cost_model is not None and not isinstance(cost_model, str) else \
-            make_cost_model(cost_model, seed)
+            make_cost_model(cost_model, seed, target)
         samples = []
         for i, rec in history:
             s = _schedule_of(rec)
@@ -412,6 +535,7 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
         _model_update(cmodel, samples, fit=not getattr(cmodel, "pretrained", False))
         report.train_s += time.perf_counter() - t1
     stop = ""
+    ctrl_c = _CtrlC().__enter__()
     try:
         # 2. trial 0: default schedules
         todo = [(i, r.space.default) for i, r in enumerate(runs)
@@ -433,23 +557,37 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
             if seeds:
                 r.policy.observe([s for s, _ in seeds], [c for _, c in seeds])
 
-        # 4. rounds
+        # 4. rounds.  Pipelined, batch k+1 is searched while batch k is measured (by a background thread), with
+        # everything up to batch k-1 learnt and batch k's candidates excluded; then batch k is committed and
+        # batch k+1 submitted.  The trials in flight count for the budget and the random streams, so a seeded
+        # run proposes the same candidates; a batch proposed when the budget has run out is dropped.
         rounds = 0
         prog.update(total(), elapsed(), sched.objective(), _sum_default(runs))
         while True:
-            if trials is not None and total() >= trials:
+            ctrl_c.check()
+            flying = len(pending.cands) if pending is not None else 0
+            if trials is not None and total() + flying >= trials:
+                if pending is not None:
+                    flush()
+                    continue
                 stop = f"trial budget ({trials}) reached"
                 break
             if time_budget is not None and elapsed() >= time_budget:
+                if pending is not None:
+                    flush()
+                    continue
                 stop = f"time budget ({fmt_time(time_budget)}) reached"
                 break
-            i = sched.next_task(derive_rng(seed, "task", total()))
-            if i is None:
+            i = sched.next_task(derive_rng(seed, "task", total() + flying))
+            if i is None:   # every task stopped, or the scheduler has not seen the batch in flight yet
+                if pending is not None:
+                    flush()
+                    continue
                 stop = "every subgraph stopped"
                 break
             r = runs[i]
-            n = batch_size if trials is None else min(batch_size, trials - total())
-            if time_budget is not None and done and rounds:
+            n = batch_size if trials is None else min(batch_size, trials - total() - flying)
+            if time_budget is not None and done and rounds and pending is None:
                 # a smaller last batch rather than overshooting the time budget much
                 per = (report.measure_s + report.train_s) / done
                 left = time_budget - elapsed() - report.search_s / rounds
@@ -458,33 +596,42 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
                     break
                 n = max(1, min(n, int(left / per)))
             rounds += 1
+            busy = r.measured | pending.keys if pending is not None and pending.i == i else r.measured
             t0 = time.perf_counter()
-            cands = r.policy.propose(n, r.measured, derive_rng(seed, "round", total(), i))
+            cands = r.policy.propose(n, busy, derive_rng(seed, "round", total() + flying, i))
             t_search = time.perf_counter() - t0
             report.search_s += t_search
+            ctrl_c.check()
             if not cands:
                 sched.kill(i, "search space exhausted")
                 prog.line(f"  {r.task.name}: nothing new to measure (search space exhausted)")
                 continue
-            best_before = r.best
-            costs = measure([i] * len(cands), cands)
-            r.policy.observe(cands, costs)
-            sched.update(i, len(cands), r.best)
-            sched.defaults = defaults()
-            log.write("batch", task=r.task.name, key=r.task.key, n=len(cands),
-                      valid=sum(math.isfinite(c) for c in costs), best_s=r.best if math.isfinite(r.best) else None,
-                      trials_total=total(), elapsed_s=elapsed(), search_s=t_search, train_s_total=report.train_s,
-                      model_s=sched.objective(), search_stats=getattr(r.policy, "stats", {}))
-            if r.best < best_before:
-                sp = f" ({r.default / r.best:.2f}x over default)" if r.default else ""
-                prog.line(f"  {r.task.name}: best {fmt_latency(r.best)}{sp}")
-            if sched.states[i].dead:
-                prog.line(f"  {r.task.name}: stopped ({sched.states[i].dead})")
-            prog.update(total(), elapsed(), sched.objective(), _sum_default(runs))
+            nxt = _Batch(i, cands, t_search, dict(getattr(r.policy, "stats", {}) or {}))
+            if pending is not None:
+                # batch k: commit it; then batch k+1 goes to the measurer (unless the budget or its task ended
+                # meanwhile) before the cost model learns batch k
+                b, pending = pending, None
+                costs, measured = settle(b)
+                nxt.cands, why = time_cut(nxt.cands)
+                if not why and not sched.states[i].dead:
+                    pending = submit(nxt)
+                wrap_up(b, costs, measured)
+                if why:
+                    stop = why
+                    break
+                continue
+            pending = submit(nxt)
+            if not pipelined:
+                flush()
     except KeyboardInterrupt:
         stop = "interrupted"
         report.interrupted = True
     finally:
+        ctrl_c.__exit__()
+        if pending is not None and pending.job is not None:   # lost: it was never committed
+            pending.job.abandon(measurer)
+        for sched_param, interval, _ in restore:
+            _restore_search(sched_param, interval)
         prog.close()
         if own_measurer and measurer is not None:
             measurer.close()
@@ -500,9 +647,183 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
         log.save_state(elapsed(), total())
         log.write("end", stop=stop, trials=done, trials_total=total(), elapsed_s=elapsed(),
                   model_s=report.model_latency_s, default_s=report.default_latency_s,
-                  fallbacks=report.fallbacks)
+                  fallbacks=report.fallbacks, pipelined=bool(pipelined))
         log.close()
     return report
+
+
+@dataclass
+class _Batch:
+    """A round's candidates (one task) on their way through the measurer."""
+
+    i: int
+    cands: list[Schedule]
+    t_search: float
+    stats: dict
+    best_before: float = math.inf
+    job: _Job | None = None
+
+    @property
+    def keys(self) -> set[str]:
+        return {s.key for s in self.cands}
+
+
+#: after Ctrl-C, how long the tuner waits for its measuring thread to stop (the measurer is told to abort)
+ABANDON_WAIT = 15.0
+
+
+class _Job:
+    """fn(*args), in a background thread (`background`) or at once; `result()` waits for it and raises what it
+    raised (a KeyboardInterrupt from the measurer included)."""
+
+    def __init__(self, fn, args: tuple, background: bool):
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+        if not background:
+            self.value = fn(*args)
+            return
+        self.thread = threading.Thread(target=self._run, args=(fn, args), name="hlotune-measure", daemon=True)
+        self.thread.start()
+
+    def _run(self, fn, args: tuple) -> None:
+        try:
+            self.value = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - raised again in the main thread by result()
+            self.error = e
+
+    def result(self, check=None) -> Any:
+        while self.thread is not None and self.thread.is_alive():
+            self.thread.join(0.1)   # short waits: Ctrl-C reaches the main thread at once
+            if check is not None:
+                check()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def abandon(self, measurer) -> None:
+        """The batch will not be committed (Ctrl-C, an error): tell the measurer to stop where it can
+        (ProgramMeasurer.abort) and give the thread a while to end before the measurer is closed."""
+        if self.thread is None or not self.thread.is_alive():
+            return
+        abort = getattr(measurer, "abort", None)
+        if callable(abort):
+            abort()
+        self.thread.join(ABANDON_WAIT)
+
+
+class _CtrlC:
+    """Ctrl-C that is not lost.  A KeyboardInterrupt raised inside code whose exceptions Python ignores (an at-fork
+    handler: the evolutionary search forks its workers many times a round; a __del__) vanishes, and the run would
+    go on.  While tune_model runs in the main thread with Python's default handler, SIGINT also sets a flag, and
+    `check()` (between steps of the loop) raises KeyboardInterrupt again when it was set; such an ignored
+    KeyboardInterrupt is not printed either (sys.unraisablehook, for the run)."""
+
+    def __init__(self):
+        self.hit = False
+        self.previous: Any = None
+        self.hook: Any = None
+
+    def __enter__(self) -> _CtrlC:
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+            self.hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+        return self
+
+    def _handler(self, signum, frame) -> None:
+        self.hit = True
+        raise KeyboardInterrupt
+
+    def _unraisable(self, info) -> None:
+        if not (self.hit and isinstance(info.exc_value, KeyboardInterrupt)):
+            (self.hook or sys.__unraisablehook__)(info)
+
+    def check(self) -> None:
+        if self.hit:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            sys.unraisablehook = self.hook
+            self.previous = self.hook = None
+
+
+def _pipeline_mode(mode: str | bool | None) -> str:
+    if mode is None:
+        mode = config.get("tune_pipeline")
+    if isinstance(mode, bool):
+        return "on" if mode else "off"
+    low = str(mode).strip().lower()
+    if low not in ("auto", "on", "off"):
+        raise InputError(f"pipeline must be auto, on or off, got {mode!r}")
+    return low
+
+
+def _pipelined(mode: str, measurer, target: Target) -> bool:
+    """Whether to search while measuring.  The search's processes would stretch the timing of a parallel kernel
+    on the cores they share, so "auto" pipelines only on cuda (the GPU is timed) or when the CPU runner
+    really times at real-time priority (`runner.realtime()`: SCHED_RR preempts the search)."""
+    if mode != "auto":
+        return mode == "on"
+    if target.kind == "cuda":
+        return True
+    realtime = getattr(getattr(measurer, "runner", None), "realtime", None)
+    return bool(callable(realtime) and realtime())
+
+
+#: while pipelined, the interpreter's thread switch interval (s): the measuring thread, which needs the GIL for a
+#: moment per candidate (to read the runner's reply, send the next), waits at most this long for the search to let go
+PIPELINE_SWITCH_INTERVAL = 0.001
+
+
+def _search_beside_measurement(measurer=None) -> tuple:
+    """Settings for searching while a batch is measured: (what `_restore_search` puts back, and what was done to
+    priorities, for the log).
+    - A tuner started under `chrt` runs its search at real-time priority, as an equal of the kernel being timed:
+      the runner goes one real-time priority above it (`runner.set_priority`), so the search still has the cores
+      before other jobs but never before the timing; where that cannot be done, this thread (and so the
+      processes the search forks, and the measuring thread started next) goes back to normal priority.
+    - A shorter thread switch interval (PIPELINE_SWITCH_INTERVAL; main thread only), so the runner waits less
+      between candidates."""
+    old, how = None, ""
+    try:
+        policy = os.sched_getscheduler(0)
+        if policy in (os.SCHED_RR, os.SCHED_FIFO):
+            prio = os.sched_getparam(0).sched_priority
+            set_priority = getattr(getattr(measurer, "runner", None), "set_priority", None)
+            if callable(set_priority) and prio < os.sched_get_priority_max(os.SCHED_RR) and set_priority(prio + 1):
+                how = f"runner at real-time priority {prio + 1}, search at {prio}"
+            else:
+                old = (policy, os.sched_getparam(0))
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+                how = "search at normal priority"
+    except (AttributeError, OSError):
+        old = None
+    interval = None
+    if threading.current_thread() is threading.main_thread():   # (several tuning threads would race to restore it)
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(interval, PIPELINE_SWITCH_INTERVAL))
+    return old, interval, how
+
+
+def _restore_search(sched_param: tuple | None, interval: float | None) -> None:
+    if interval is not None:
+        sys.setswitchinterval(interval)
+    if sched_param is not None:
+        try:
+            os.sched_setscheduler(0, *sched_param)
+        except (AttributeError, OSError):
+            pass
+
+
+def _set_best(measurer, runs: list[_TaskRun]) -> None:
+    """Give the runner each task's best latency, for its early cutoff of hopeless candidates (a runner without
+    `set_best`, e.g. a Ray pool's, times every candidate in full)."""
+    set_best = getattr(getattr(measurer, "runner", None), "set_best", None)
+    if callable(set_best):
+        set_best({r.task.key: r.best for r in runs if math.isfinite(r.best)})
 
 
 def _sum_default(runs: list[_TaskRun]) -> float | None:
@@ -601,5 +922,5 @@ def _default_measurer(workers: int | None, timing, seed: int, target: Target | N
     return ProgramMeasurer(LocalBuilder(n_workers=workers), runner, seed=seed)
 
 
-__all__ = ["tune_model", "TuneReport", "SubgraphReport", "parse_duration", "make_cost_model", "POLICIES",
-           "DEFAULT_TRIALS"]
+__all__ = ["tune_model", "TuneReport", "SubgraphReport", "parse_duration", "make_cost_model", "BUILTIN_MODEL",
+           "POLICIES", "DEFAULT_TRIALS"]

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from hlotune.cli import main as cli_main
 from hlotune.database import open_database
 from tests.conftest import model_path
@@ -75,9 +77,12 @@ def test_sigkill_then_resume(tmp_path):
     assert "trial budget (28) reached" in out.stdout
 
 
-def test_sigint_stops_cleanly(tmp_path):
+@pytest.mark.parametrize("pipeline", ["auto", "on"])
+def test_sigint_stops_cleanly(tmp_path, pipeline):
+    """Also pipelined (the next batch searched while one is measured in a background thread)."""
     db, logs = str(tmp_path / "i.db"), str(tmp_path / "logs")
-    proc = subprocess.Popen(_cmd(db, logs, 200), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(_cmd(db, logs, 200), env=dict(ENV, HLOTUNE_TUNE_PIPELINE=pipeline),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_batches(logs, 2, proc)
         proc.send_signal(signal.SIGINT)
@@ -89,4 +94,5 @@ def test_sigint_stops_cleanly(tmp_path):
     assert "interrupted" in err and "Traceback" not in err
     end = _events(logs)[-1][-1]
     assert end["event"] == "end" and end["stop"] == "interrupted"
+    assert end["pipelined"] or pipeline != "on"
     assert len({r.schedule_key for r in open_database(db).records()}) == end["trials_total"]

@@ -199,3 +199,57 @@ def test_remeasure_agreement_hand_computed():
     assert remeasure_agreement(groups, 1.5) == (0.0, 2)
     acc, n = remeasure_agreement([[1.0, 1.0]])
     assert np.isnan(acc) and n == 0
+
+
+def test_train_exclude_leaves_workloads_out(tmp_path, data, capsys):
+    """`cost-model train --exclude KEY`: the held-out workload's records are not trained on."""
+    from hlotune.cli import main
+    from hlotune.database import Record, open_database
+    from hlotune.ir.workload import workload_to_json
+    from hlotune.schedule_space.steps import schedule_to_json
+
+    task, samples, scheds, costs = data
+    db_path = str(tmp_path / "t.db")
+    db = open_database(db_path)
+    wl = workload_to_json(task.compute)
+    db.add_many([Record(workload_key=wk, workload=wl, target="t", target_family="f",
+                        steps=json.dumps(schedule_to_json(s)), schedule_key=s.key + wk, costs=(c,))
+                 for wk in ("w1-aaaa", "w1-bbbb") for s, c in zip(scheds, costs)])
+    db.close()
+    out = str(tmp_path / "m.json")
+    assert main(["cost-model", "train", db_path, "-o", out, "--exclude", "w1-bbbb"]) == 0
+    assert f"trained on {len(scheds)} records of 1 workloads" in capsys.readouterr().out
+    assert main(["cost-model", "train", db_path, "-o", out, "--exclude", "w1-aaaa", "w1-bbbb"]) == 2
+    assert "too few usable records (0)" in capsys.readouterr().err
+
+
+def test_shipped_model_loads_and_ranks(data):
+    """The CPU model shipped with hlotune loads with this hlotune's feature version (retrain it when the features
+    change: docs/cost_model.md) and, never having seen these synthetic costs, still returns finite scores."""
+    from hlotune.search.tuner import BUILTIN_MODEL, make_cost_model
+
+    assert BUILTIN_MODEL.is_file(), "hlotune/data/cost_model_cpu.json is missing"
+    m = CostModel.load(BUILTIN_MODEL)
+    assert m.trained and m.pretrained
+    task, samples, scheds, costs = data
+    assert np.isfinite(m.predict(task, scheds)).all()
+    auto = make_cost_model(None, 0, Target.host_cpu())
+    assert auto.trained and auto.pretrained
+    assert not make_cost_model("none", 0, Target.host_cpu()).trained
+    cuda = Target("cuda", "nvidia_h200")
+    assert not make_cost_model("auto", 0, cuda).trained    # the shipped model is a CPU model
+
+
+def test_incompatible_shipped_model_falls_back(tmp_path, monkeypatch):
+    """A shipped model that does not fit (e.g. an older feature version) is a warning and a fresh model."""
+    import hlotune.search.tuner as tuner
+
+    bad = tmp_path / "cost_model_cpu.json"
+    bad.write_text('{"format": "hlotune-cost-model", "version": 99}')
+    monkeypatch.setattr(tuner, "BUILTIN_MODEL", bad)
+    with pytest.warns(UserWarning, match="shipped cost model cannot be used"):
+        m = tuner.make_cost_model(None, 0, Target.host_cpu())
+    assert not m.trained
+    monkeypatch.setenv("HLOTUNE_COST_MODEL", str(bad))      # an explicit path is an error, not a fallback
+    with pytest.raises(InputError, match="cost_model_cpu.json"):
+        tuner.make_cost_model(None, 0, Target.host_cpu())

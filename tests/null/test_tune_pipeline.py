@@ -1,0 +1,278 @@
+"""The tuner's pipelining (batch k+1 searched while batch k is measured) and its early cutoff of hopeless candidates,
+on the synthetic measurer of test_search (costs a known function of the schedule; no code generation)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+import hlotune
+from hlotune.database import open_database
+from hlotune.errors import InputError
+from hlotune.measure.records import MeasureResult
+from hlotune.search.evolutionary import EvolutionarySearch
+from hlotune.search.tuner import _pipelined
+from tests.conftest import model_path
+from tests.null.test_search import SyntheticMeasurer, _learned, _tune, synthetic_cost
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hlotune.load_model(str(model_path("dense_bias_relu")))
+
+
+def _keys(path: str) -> list[str]:
+    return [r.schedule_key for r in open_database(path).records()]
+
+
+@pytest.fixture
+def proposals(monkeypatch):
+    """Counts the evolutionary search's proposals (each counted as it starts)."""
+    count = {"n": 0}
+    original = EvolutionarySearch.propose
+
+    def propose(self, n, measured, rng):
+        count["n"] += 1
+        return original(self, n, measured, rng)
+
+    monkeypatch.setattr(EvolutionarySearch, "propose", propose)
+    return count
+
+
+class OverlapMeasurer(SyntheticMeasurer):
+    """Synthetic costs; each batch of the search waits (at most WAIT s) until the tuner has started searching the
+    next batch, and notes whether it did (it can only while this batch is being measured: pipelining)."""
+
+    WAIT = 1.0
+
+    def __init__(self, proposals: dict):
+        super().__init__()
+        self.proposals = proposals
+        self.threads: list[str] = []
+        self.overlapped: list[bool] = []
+
+    def measure_batch(self, inputs):
+        self.threads.append(threading.current_thread().name)
+        out = super().measure_batch(inputs)
+        if self.proposals["n"]:   # a round's batch (not the defaults, measured before any search)
+            k = len(self.overlapped) + 1
+            t_end = time.monotonic() + self.WAIT
+            while self.proposals["n"] <= k and time.monotonic() < t_end:
+                time.sleep(0.005)
+            self.overlapped.append(self.proposals["n"] > k)
+        return out
+
+
+def test_pipelined_run_searches_while_measuring(model, tmp_path, proposals):
+    path = str(tmp_path / "p.db")
+    meas = OverlapMeasurer(proposals)
+    rep = _tune(model, open_database(path), meas, trials=49, confirm=0, pipeline="on")
+    # 1 default + 3 batches of 16; batches 1 and 2 overlapped the search of the next; after batch 3 the budget
+    # is spent, so nothing more is searched (nor measured)
+    assert rep.pipelined and rep.total_trials == rep.trials == 49
+    assert meas.overlapped == [True, True, False] and proposals["n"] == 3
+    assert meas.threads == ["MainThread"] + ["hlotune-measure"] * 3
+    assert len(meas.seen) == len(set(meas.seen)) == 49 and sorted(_keys(path)) == sorted(meas.seen)
+
+
+@pytest.mark.parametrize("confirm", [0, 2])
+def test_pipelined_and_sequential_measure_the_same_number_of_distinct_schedules(model, tmp_path, confirm):
+    got = {}
+    for mode in ("off", "on"):
+        path = str(tmp_path / f"{mode}.db")
+        meas = SyntheticMeasurer()
+        cm = _learned() if confirm else None   # (the learnt model is slow: one of the two cases)
+        rep = _tune(model, open_database(path), meas, trials=60, confirm=confirm, pipeline=mode,
+                    **({"cost_model": cm} if cm else {}))
+        assert rep.pipelined == (mode == "on") and rep.total_trials == 60 and rep.stop_reason.startswith("trial")
+        keys = _keys(path)
+        assert len(set(meas.seen)) == len(set(keys)) == sum(s.trials for s in rep.subgraphs) == 60
+        if not confirm:   # no confirmation timings: every measurement is a new schedule
+            assert len(meas.seen) == len(keys) == 60
+        got[mode] = rep.subgraphs[0].best_s
+    # the pipelined search learns one batch later, but finds schedules of the same quality
+    assert got["on"] <= 2 * got["off"] and got["off"] <= 2 * got["on"]
+
+
+def test_seeded_pipelined_runs_propose_the_same_candidates(model, tmp_path):
+    runs = []
+    for k in range(2):
+        meas = SyntheticMeasurer()
+        _tune(model, open_database(str(tmp_path / f"r{k}.db")), meas, trials=49, seed=7, cost_model=_learned(),
+              pipeline="on")
+        runs.append(meas.seen)
+    assert runs[0] == runs[1] and len(set(runs[0])) == 49
+    seq = SyntheticMeasurer()
+    _tune(model, open_database(str(tmp_path / "seq.db")), seq, trials=33, seed=7, cost_model=_learned(), pipeline="off")
+    # the first round is the same (nothing learnt yet either way); later rounds learn one batch later
+    assert seq.seen[:17] == runs[0][:17]
+
+
+class SlowMeasurer(SyntheticMeasurer):
+    """Synthetic costs, `delay` s per batch; `abort()` (ProgramMeasurer's) stops the batch in progress."""
+
+    def __init__(self, delay: float, fail_at: int | None = None):
+        super().__init__()
+        self.delay, self.fail_at = delay, fail_at
+        self.calls = 0
+        self.aborted = threading.Event()
+
+    def abort(self):
+        self.aborted.set()
+
+    def measure_batch(self, inputs):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise KeyboardInterrupt   # as a measurer told to stop does (distributed._StopFlag)
+        t_end = time.monotonic() + self.delay
+        while time.monotonic() < t_end:
+            if self.aborted.is_set():
+                raise KeyboardInterrupt
+            time.sleep(0.002)
+        return super().measure_batch(inputs)
+
+
+def test_time_budget_drops_the_last_proposal_unmeasured(model, tmp_path):
+    path = str(tmp_path / "t.db")
+    meas = SlowMeasurer(0.15)
+    rep = _tune(model, open_database(path), meas, trials=None, time_budget=0.6, confirm=0, pipeline="on")
+    assert "time budget" in rep.stop_reason and rep.pipelined
+    # what was measured was committed: a batch proposed after the budget ran out was not measured
+    assert len(meas.seen) == len(set(meas.seen)) == rep.total_trials == len(_keys(path)) > 1
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_interrupt_loses_only_the_batch_in_flight(model, tmp_path, monkeypatch, where):
+    """Ctrl-C in the main thread while batch 2 is measured (the measurer is told to abort), or a measurer that
+    raises KeyboardInterrupt in the measuring thread: batch 1 is in the database, batch 2 is not."""
+    path = str(tmp_path / f"i{where}.db")
+    meas = SlowMeasurer(0.3, fail_at=3 if where == "thread" else None)
+    original = EvolutionarySearch.propose
+    count = {"n": 0}
+
+    def propose(self, n, measured, rng):
+        count["n"] += 1
+        if where == "main" and count["n"] == 3:
+            raise KeyboardInterrupt
+        return original(self, n, measured, rng)
+
+    monkeypatch.setattr(EvolutionarySearch, "propose", propose)
+    rep = _tune(model, open_database(path), meas, trials=64, confirm=0, pipeline="on")
+    assert rep.interrupted and rep.stop_reason == "interrupted"
+    assert rep.total_trials == len(set(_keys(path))) == 1 + 16
+    assert meas.aborted.is_set() == (where == "main")
+
+
+class CutoffRunner:
+    """The part of LocalRunner's interface the tuner uses for the cutoff."""
+
+    def __init__(self):
+        self.best: dict[str, float] = {}
+
+    def set_best(self, best):
+        self.best = dict(best)
+
+
+class CutoffMeasurer(SyntheticMeasurer):
+    """Synthetic costs; a candidate more than 3x slower than its task's best (as the tuner told the runner) gets
+    one repeat, like the LocalRunner's early cutoff.  Notes the best it was given against the true one."""
+
+    def __init__(self):
+        super().__init__()
+        self.runner = CutoffRunner()
+        self.given: list[tuple[float | None, float | None]] = []
+        self.costs: dict[str, float] = {}
+        self.cut = 0
+
+    def measure_batch(self, inputs):
+        known = min(self.costs.values(), default=None)   # the best of everything measured before this batch
+        out = []
+        for inp in inputs:
+            best = self.runner.best.get(inp.task.key)
+            self.given.append((best, known))
+            c = synthetic_cost(inp.schedule)
+            self.seen.append(inp.schedule.key)
+            self.costs[inp.schedule.key] = c
+            if best is not None and c > 3 * best:
+                self.cut += 1
+                out.append(MeasureResult((c,)))
+            else:
+                out.append(MeasureResult((c, c * 1.01, c * 0.99)))
+        return out
+
+
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_tuner_gives_the_runner_each_tasks_best_for_the_cutoff(model, tmp_path, mode):
+    path = str(tmp_path / f"c{mode}.db")
+    meas = CutoffMeasurer()
+    rep = _tune(model, open_database(path), meas, trials=49, confirm=0, pipeline=mode)
+    assert rep.total_trials == 49
+    # every batch after the first (the default) was measured knowing the best of everything committed before it
+    assert meas.given[0] == (None, None)
+    assert all(b == pytest.approx(k) for b, k in meas.given[1:])
+    # a cut-off candidate is a valid record with the one repeat it has
+    recs = list(open_database(path).records())
+    one = [r for r in recs if len(r.costs) == 1]
+    assert meas.cut > 0 and len(one) == meas.cut and all(r.valid for r in one)
+    assert rep.subgraphs[0].valid == 49
+
+
+def test_pipeline_setting():
+    class Runner:
+        def __init__(self, rt):
+            self.rt = rt
+
+        def realtime(self):
+            return self.rt
+
+    cpu, cuda = SimpleNamespace(kind="cpu"), SimpleNamespace(kind="cuda")
+    assert _pipelined("auto", SimpleNamespace(runner=Runner(True)), cpu)
+    assert not _pipelined("auto", SimpleNamespace(runner=Runner(False)), cpu)
+    assert not _pipelined("auto", SyntheticMeasurer(), cpu)          # no runner to ask: off
+    assert _pipelined("auto", SyntheticMeasurer(), cuda)
+    assert _pipelined("on", SyntheticMeasurer(), cpu) and not _pipelined("off", SimpleNamespace(runner=Runner(True)),
+                                                                          cuda)
+
+
+def test_bad_pipeline_value_is_an_input_error(model, tmp_path):
+    with pytest.raises(InputError, match="pipeline"):
+        _tune(model, open_database(str(tmp_path / "b.db")), SyntheticMeasurer(), pipeline="sometimes")
+
+
+def test_search_beside_measurement_leaves_real_time_priority_and_restores_it():
+    """A tuner started under chrt, with a runner whose priority cannot be raised above it: while pipelined, its
+    search thread runs at normal priority (the runner's SCHED_RR then preempts it), and gets its priority back at
+    the end."""
+    import os
+    import sys
+
+    from hlotune.search.tuner import PIPELINE_SWITCH_INTERVAL, _restore_search, _search_beside_measurement
+
+    seen = {}
+
+    def body():
+        try:
+            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+        except (AttributeError, OSError):
+            seen["skip"] = True
+            return
+        old = _search_beside_measurement(SyntheticMeasurer())
+        seen["during"] = os.sched_getscheduler(0)
+        _restore_search(*old[:2])
+        seen["after"] = os.sched_getscheduler(0)
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+    th = threading.Thread(target=body)   # only this thread is ever real-time, for a moment
+    th.start()
+    th.join()
+    if seen.get("skip"):
+        pytest.skip("this user may not use SCHED_RR")
+    assert seen == {"during": os.SCHED_OTHER, "after": os.SCHED_RR}
+    interval = sys.getswitchinterval()   # the switch interval changes in the main thread only
+    old = _search_beside_measurement()
+    assert sys.getswitchinterval() == min(interval, PIPELINE_SWITCH_INTERVAL)
+    _restore_search(*old[:2])
+    assert sys.getswitchinterval() == interval
