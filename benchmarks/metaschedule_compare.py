@@ -129,7 +129,7 @@ def run_hlotune(a, name: str, state: dict, out: Path) -> None:
             db = open_database(str(db_path))
             t0 = time.perf_counter()
             try:
-                rep = tune_model(model, db, Target.host_cpu(), trials=n, seed=a.seed,
+                rep = tune_model(model, db, Target.host_cpu(), trials=n, seed=a.seed, cost_model=a.cost_model,
                                                       progress=False, write_log=False, early_stopping=None,
                                                       db_location=str(db_path))
             finally:
@@ -248,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="logs/ms_compare")
     ap.add_argument("--resume", action="store_true", help="keep an existing hlotune database")
+    ap.add_argument("--cost-model", default="none",
+                    help="hlotune's starting cost model: none (cold, as MetaSchedule starts; default), auto (the "
+                         "shipped one, which was trained on these fixtures) or a file")
     ap.add_argument("--skip-tvm", action="store_true")
     ap.add_argument("--skip-hlotune", action="store_true")
     ap.add_argument("--tvm-timeout", type=float, default=3600.0)
