@@ -85,6 +85,11 @@ SETTINGS: tuple[Setting, ...] = (
                                        "(hlotune cost-model train)"),
     Setting("postgres_url", str, "", "PostgreSQL URL used by the database tests (skipped when empty)"),
     Setting("no_fuse", _bool, False, "disable fusion (one subgraph per instruction); for debugging"),
+    Setting("cpu_call_plan", _bool, True, "CPU executables run their kernels from one JIT-compiled call plan with "
+                                          "intermediates in one arena (off: the glue program is walked in Python "
+                                          "per call, each kernel called through ctypes)"),
+    Setting("fold_dot_transpose", _bool, True, "fusion folds transpose(dot(a, b)) into dot(b, a) when that is the "
+                                               "same array (weight gradients; see ir/fusion.py)"),
     Setting("row_fusion", _bool, True, "row (normalization) fusion: a reduction over the minor dims fuses with its "
                                        "consumers that read it broadcast along a row (softmax, layernorm: one pass)"),
 )

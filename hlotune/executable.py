@@ -4,7 +4,15 @@ Map:
   choose_schedule(workload, db, target)  best tuned steps for a workload, else the default schedule
   plan_schedules(model, ...)             key -> (printed loop nest, source), for `inspect --schedule`
   CompiledSubgraph                        one fused subgraph: kernel, constant inputs, output buffers
-  Executable                              `exe(*arrays) -> tuple[np.ndarray]`, `exe.report()`
+  Executable                              `exe(*arrays) -> tuple[np.ndarray]`, `exe.report()`,
+                                          `exe.profile(*arrays)` (cpu: each kernel's time, alone)
+  _CpuPlan                                cpu: the glue resolved once into one JIT-compiled call plan
+                                          (cpu_runtime.CallPlan): kernel addresses and the pointers of
+                                          constants and intermediates (one arena, offsets by liveness) are
+                                          constants of the plan; per call only the arguments' and the fresh
+                                          outputs' pointers are written to a slot table, then one ctypes call
+                                          runs every kernel (setting `cpu_call_plan`; used when every glue op
+                                          is a compiled fusion, tuple, get-tuple-element, constant or a view)
   BACKENDS / backend(kind)                target kind -> (kernel builder, default schedule, compiled
                                           subgraph class): "cpu" (LLVM) and "cuda" (nvcc + pycuda)
   GpuSubgraph / _GpuGlue                  the cuda target: constants, intermediates and outputs stay in
@@ -27,7 +35,9 @@ kernels are cached in memory per (workload key, schedule, target) (see `codegen.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -211,22 +221,25 @@ class Executable:
         self._mini = {i.name: _single_op_computation(self._glue, i) for i in self._glue.instructions
                       if i.op not in (Op.PARAMETER, Op.FUSION, Op.TUPLE, Op.GET_TUPLE_ELEMENT)}
         self._gpu = _GpuGlue(self) if self.target.kind == "cuda" else None
+        params = self.model.module.entry_computation.parameters
+        self._param_specs = [(p.name, p.array_shape.dims, np.dtype(p.array_shape.dtype.np), p.array_shape.dtype.value)
+                             for p in params]
+        self._cpu_plan = (_CpuPlan.build(self) if self.target.kind == "cpu" and config.get("cpu_call_plan")
+                          else None)
         self.compile_s = time.perf_counter() - t0
         config.debug(2, "compiled %s in %.3f s (%d subgraphs)", model.name, self.compile_s, len(self._subgraphs))
 
     def _check(self, arrays: Sequence[Any]) -> list[np.ndarray]:
-        params = self.model.module.entry_computation.parameters
-        if len(arrays) != len(params):
-            raise InputError(f"{self.model.name} takes {len(params)} argument(s), got {len(arrays)}")
+        specs = self._param_specs
+        if len(arrays) != len(specs):
+            raise InputError(f"{self.model.name} takes {len(specs)} argument(s), got {len(arrays)}")
         out = []
-        for i, (a, p) in enumerate(zip(arrays, params)):
+        for i, (a, (name, dims, dtype, dname)) in enumerate(zip(arrays, specs)):
             a = np.asarray(a)
-            want = p.array_shape
-            if tuple(a.shape) != want.dims:
-                raise InputError(f"argument {i} ({p.name}): expected shape {list(want.dims)}, got {list(a.shape)}")
-            if a.dtype != want.dtype.np:
-                raise InputError(f"argument {i} ({p.name}): expected dtype {want.dtype.np} ({want.dtype.value}), "
-                                 f"got {a.dtype}")
+            if a.shape != dims:
+                raise InputError(f"argument {i} ({name}): expected shape {list(dims)}, got {list(a.shape)}")
+            if a.dtype != dtype:
+                raise InputError(f"argument {i} ({name}): expected dtype {dtype} ({dname}), got {a.dtype}")
             out.append(a)
         return out
 
@@ -236,6 +249,8 @@ class Executable:
         if self._gpu is not None:  # cuda: device arrays in -> device arrays out; numpy in -> numpy out
             return self._gpu(arrays)
         args = self._check(arrays)
+        if self._cpu_plan is not None:
+            return self._cpu_plan.run(args)
         env: dict[str, Any] = {}
         fresh_ids: set[int] = set()
         for inst in self._glue.instructions:
@@ -275,9 +290,18 @@ class Executable:
             lines.append(f"  {name:32s} {cs.key}  {cs.choice.source}")
         for name in self._interpreted:
             lines.append(f"  {name:32s} {'-':24s}  reference interpreter (no compute definition)")
+        if self._cpu_plan is not None:
+            lines.append(self._cpu_plan.describe())
         if self._gpu is not None:
             lines += self._gpu.report_lines()
         return "\n".join(lines)
+
+    def profile(self, *arrays: Any, repeats: int = 20) -> list[tuple[str, str, float]]:
+        """cpu: (subgraph name, workload key, median seconds) of each kernel in execution order, each timed
+        alone `repeats` times on the intermediates of one run on `arrays` (needs the call plan)."""
+        if self._cpu_plan is None:
+            raise UnsupportedError("profile needs a cpu executable with the call plan (setting cpu_call_plan)")
+        return self._cpu_plan.profile(self._check(arrays), repeats)
 
     def call_device(self, *arrays: Any) -> tuple:
         """cuda target: run and return the outputs as DeviceArrays (inputs: device or numpy arrays)."""
@@ -328,6 +352,239 @@ def _flatten(v: Any) -> list[np.ndarray]:
             out.extend(_flatten(e))
         return out
     return [v]
+
+
+# ----------------------------------------------------------------------------- the cpu call plan
+
+ARENA_ALIGN = 64   # bytes: every intermediate starts on a cache line
+
+
+@dataclass(frozen=True)
+class _Buf:
+    """A CPU buffer of the glue program at build time.  `kind`: "arg" (the caller's argument `index`), "fresh"
+    (a new array every call, handed to the caller), "fixed" (an array that lives as long as the plan: a
+    constant or an intermediate in the arena; `index` into `_CpuPlan.fixed`).  Views share `key`."""
+
+    kind: str
+    index: int
+    shape: tuple[int, ...]
+    dtype: Any
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.kind, self.index)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def _arena_offsets(sizes: list[int], lives: list[tuple[int, int]]) -> tuple[list[int], int]:
+    """Byte offsets for buffers of `sizes` live over the step intervals `lives` (inclusive): two buffers
+    whose intervals meet never overlap in memory.  First fit, biggest first.  Returns (offsets, total)."""
+    placed: list[tuple[int, int, int, int]] = []   # (offset, end, first step, last step)
+    offsets = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda j: (-sizes[j], j)):
+        n = -(-max(sizes[i], 1) // ARENA_ALIGN) * ARENA_ALIGN
+        lo, hi = lives[i]
+        busy = sorted((o, e) for o, e, a, b in placed if a <= hi and lo <= b)
+        off = 0
+        for o, e in busy:
+            if off + n <= o:
+                break
+            off = max(off, e)
+        offsets[i] = off
+        placed.append((off, off + n, lo, hi))
+    return offsets, max((e for _, e, _, _ in placed), default=0)
+
+
+class _CpuPlan:
+    """The glue program of a CPU executable resolved once (see the module map).  Build with `build(exe)`
+    (None when some glue op needs the interpreter); `run(checked_args)` returns the outputs."""
+
+    _VIEW_OPS = (Op.BITCAST, Op.RESHAPE)
+
+    def __init__(self, exe: Executable):
+        self.exe = exe
+        self.fixed: list[np.ndarray] = []          # constants and arena views, by _Buf.index
+        self.fresh: list[_Buf] = []
+        self.steps: list[tuple[Any, list[_Buf], list[_Buf]]] = []   # (subgraph, inputs, outputs)
+        self.mids: list[tuple[_Buf, int]] = []     # intermediates: buffer, defining step
+        self.arena_bytes = 0
+
+    def _fixed(self, arr: np.ndarray) -> _Buf:
+        self.fixed.append(arr)
+        return _Buf("fixed", len(self.fixed) - 1, tuple(arr.shape), arr.dtype)
+
+    @classmethod
+    def build(cls, exe: Executable) -> _CpuPlan | None:
+        if exe._interpreted:
+            return None
+        from .ir.interp import evaluate_computation
+        from .ir.passes import _default_layout
+
+        p = cls(exe)
+        env: dict[str, Any] = {}
+        for inst in exe._glue.instructions:
+            if inst.op is Op.PARAMETER:
+                k = inst.attr("parameter_number")
+                name, dims, dtype, _ = exe._param_specs[k]
+                env[inst.name] = _Buf("arg", k, tuple(dims), dtype)
+            elif inst.op is Op.FUSION:
+                val = p._fusion(exe, inst, [env[o] for o in inst.operands])
+                if val is None:
+                    return None
+                env[inst.name] = val
+            elif inst.op is Op.TUPLE:
+                env[inst.name] = tuple(env[o] for o in inst.operands)
+            elif inst.op is Op.GET_TUPLE_ELEMENT:
+                env[inst.name] = env[inst.operands[0]][inst.attr("index")]
+            elif inst.op is Op.CONSTANT and not inst.shape.is_tuple():
+                val = evaluate_computation(exe._module, exe._mini[inst.name], [])
+                env[inst.name] = p._fixed(np.ascontiguousarray(val, dtype=inst.array_shape.dtype.np))
+            elif (inst.op in cls._VIEW_OPS and isinstance(env[inst.operands[0]], _Buf)
+                  and _default_layout(inst.shape) and _default_layout(exe._glue[inst.operands[0]].shape)):
+                x = env[inst.operands[0]]
+                env[inst.name] = _Buf(x.kind, x.index, tuple(inst.shape.dims), x.dtype)
+            else:
+                return None
+        p._place_intermediates()
+        p._result(env[exe._glue.root])
+        p._compile()
+        return p
+
+    def _fusion(self, exe: Executable, inst, operands: list) -> Any:
+        sub = exe._subgraphs[inst.name]
+        ins = []
+        for a, (dt, shape) in zip(operands, sub.in_specs):
+            if not isinstance(a, _Buf) or np.dtype(a.dtype) != np.dtype(dt) or \
+                    a.size != int(np.prod(shape, dtype=np.int64)):
+                return None
+            ins.append(a)
+        fresh = exe._fresh.get(inst.name, frozenset())
+        outs = []
+        for k, o in enumerate(sub.outputs):
+            if k in fresh:
+                b = _Buf("fresh", len(self.fresh), tuple(o.shape), o.dtype)
+                self.fresh.append(b)
+            else:
+                b = self._fixed(o)   # replaced by an arena view in _place_intermediates
+                self.mids.append((b, len(self.steps)))
+            outs.append(b)
+        self.steps.append((sub, ins, outs))
+        return tuple(outs) if sub.is_tuple else outs[0]
+
+    def _place_intermediates(self) -> None:
+        """Put every intermediate in one arena: buffers live from their step to their last reader."""
+        last = {b.key: t for b, t in self.mids}
+        for t, (_, ins, _) in enumerate(self.steps):
+            for b in ins:
+                if b.key in last:
+                    last[b.key] = max(last[b.key], t)
+        sizes = [b.size * np.dtype(b.dtype).itemsize for b, _ in self.mids]
+        offsets, total = _arena_offsets(sizes, [(t, last[b.key]) for b, t in self.mids])
+        self.arena_bytes = total
+        self._arena = np.empty(total + ARENA_ALIGN, dtype=np.uint8)
+        base = (-self._arena.ctypes.data) % ARENA_ALIGN
+        for (b, _), off, n in zip(self.mids, offsets, sizes):
+            view = self._arena[base + off: base + off + n].view(b.dtype).reshape(b.shape)
+            self.fixed[b.index] = view
+
+    def _result(self, root: Any) -> None:
+        """How each output leaf is made: ("fresh", i, dims) hands over fresh buffer i; ("copy", buf, dims)
+        copies any other buffer (an argument, a constant, an intermediate, a fresh buffer used twice)."""
+        self.result: list[tuple[str, _Buf, tuple[int, ...] | None]] = []
+        taken: set[int] = set()
+        for x, s in zip(_flatten(root), flat_shapes(self.exe._glue.root_instruction.shape)):
+            dims = tuple(s.dims)
+            if x.kind == "fresh" and x.index not in taken:
+                taken.add(x.index)
+                self.result.append(("fresh", x, None if dims == tuple(self.fresh[x.index].shape) else dims))
+            else:
+                self.result.append(("copy", x, dims))
+
+    def _compile(self) -> None:
+        from .codegen.cpu_runtime import CallPlan
+
+        n_args = len(self.exe._param_specs)
+        calls = []
+        parallel = None
+        for sub, ins, outs in self.steps:
+            ptrs = []
+            for b in ins + outs:
+                if b.kind == "fixed":
+                    ptrs.append(("fixed", self.fixed[b.index].ctypes.data))
+                else:
+                    ptrs.append(("slot", b.index if b.kind == "arg" else n_args + b.index))
+            ptrs[len(ins):len(ins)] = [("fixed", c) for c in sub._const_ptrs]
+            calls.append((sub.kernel._address, tuple(ptrs)))
+            if sub.kernel.parallel and parallel is None:
+                parallel = sub.kernel
+        self.kernels = [sub.kernel for sub, _, _ in self.steps]   # the plan calls their code: keep them
+        self.plan = CallPlan(calls)
+        self.slots = (ctypes.c_uint64 * max(1, n_args + len(self.fresh)))()
+        self._slots_address = ctypes.addressof(self.slots)
+        self._n_args = n_args
+        self._fresh_specs = [(b.shape, b.dtype) for b in self.fresh]
+        if parallel is not None:
+            from .codegen.llvm_cpu import num_threads
+
+            self._rt = parallel._start_runtime()
+            self._threads = num_threads(self.exe.target)
+            self._lock = self._rt.lock
+        else:
+            self._rt = None
+            self._lock = threading.Lock()
+
+    def run(self, args: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+        """Run on checked arguments (shapes and dtypes right); the outputs as new arrays."""
+        slots = self.slots
+        keep = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in args]
+        ptrs = [a.ctypes.data for a in keep]
+        fresh = [np.empty(shape, dtype) for shape, dtype in self._fresh_specs]
+        ptrs += [f.ctypes.data for f in fresh]
+        if self._rt is not None:
+            self._rt.ensure_started(self._threads)   # (re)starts the workers after a fork
+        with self._lock:   # the slot table and the arena are this executable's: one call at a time
+            slots[:len(ptrs)] = ptrs
+            self.plan(self._slots_address)
+        out = []
+        for how, b, dims in self.result:
+            if how == "fresh":
+                y = fresh[b.index]
+                out.append(y if dims is None else y.reshape(dims))
+                continue
+            src = keep[b.index] if b.kind == "arg" else fresh[b.index] if b.kind == "fresh" else self.fixed[b.index]
+            out.append(np.array(src, copy=True).reshape(dims))
+        return tuple(out)
+
+    def profile(self, args: list[np.ndarray], repeats: int) -> list[tuple[str, str, float]]:
+        """(subgraph, workload key, median seconds) of each kernel call, timed alone on the buffers of one
+        full run on `args` (a kernel reads only its inputs, so running it again gives the same outputs)."""
+        keep = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in args]
+        fresh = [np.empty(shape, dtype) for shape, dtype in self._fresh_specs]
+        ptr = {("arg", k): a.ctypes.data for k, a in enumerate(keep)}
+        ptr.update({("fresh", k): f.ctypes.data for k, f in enumerate(fresh)})
+        out = []
+        with self._lock:
+            self.slots[:len(ptr)] = [ptr["arg", k] for k in range(len(keep))] + [ptr["fresh", k]
+                                                                              for k in range(len(fresh))]
+            self.plan(self._slots_address)
+            for sub, ins, outs in self.steps:
+                ptrs = [self.fixed[b.index].ctypes.data if b.kind == "fixed" else ptr[b.key] for b in ins]
+                ptrs += sub._const_ptrs + [self.fixed[b.index].ctypes.data if b.kind == "fixed" else ptr[b.key]
+                                           for b in outs]
+                times = []
+                for _ in range(max(1, repeats)):
+                    t0 = time.perf_counter()
+                    sub.kernel.call_unchecked(ptrs)
+                    times.append(time.perf_counter() - t0)
+                out.append((sub.name, sub.key, float(np.median(times))))
+        return out
+
+    def describe(self) -> str:
+        return (f"  (cpu call plan: {len(self.steps)} kernel call(s) in one native call, intermediates in one "
+                f"{self.arena_bytes / 1024:.0f} KiB arena)")
 
 
 # ----------------------------------------------------------------------------- the cuda target

@@ -5,6 +5,10 @@ Map:
   Runtime                   compiles it once per process, starts the worker threads (pthread_create
                             through ctypes), re-starts them after fork; `ensure_started()`
   runtime()                 the process-wide Runtime (lazy)
+  build_plan_ir(triple, calls) / CallPlan   a whole model's kernel calls as one JIT-compiled function
+                            `plan(slots)`: every kernel address and every fixed buffer pointer is a
+                            constant; only the pointers that change per call (arguments, fresh outputs)
+                            are read from the slot table, so one ctypes call runs the whole model
 
 How a parallel loop runs: the code generator outlines the loop into `task(ctx, chunk, nchunks)`, which
 runs chunk [ext*chunk/n, ext*(chunk+1)/n) of the iterations, and calls `hlotune_rt_launch(task, ctx)`
@@ -202,7 +206,8 @@ class Runtime:
         self._worker = self._engine.get_function_address("hlotune_rt_worker")
         self._g = {n: self._engine.get_global_value_address("hlotune_rt_" + n)
                    for n in ("gen", "pending", "sleepers", "nthreads", "spin")}
-        self.lock = threading.Lock()      # one launch at a time from Python threads
+        self.lock = threading.RLock()     # one launch at a time from Python threads (re-entrant: a call plan
+                                          # holds it around its kernels; `Executable.profile` calls them inside)
         self.threads = 0
         self._started_pid = -1
 
@@ -253,3 +258,51 @@ def runtime(target_machine_factory) -> Runtime:
                 llvm.initialize_native_asmprinter()
                 _RUNTIME = Runtime(target_machine_factory(), llvm.get_process_triple())
     return _RUNTIME
+
+
+# ----------------------------------------------------------------------------- call plans
+
+PLAN_NAME = "hlotune_plan"
+
+
+def build_plan_ir(triple: str, calls: list[tuple[int, tuple[tuple[str, int], ...]]]) -> str:
+    """IR of `void hlotune_plan(i64* slots)` calling each `(kernel address, arguments)` in order; an
+    argument is `("fixed", pointer)` (a constant) or `("slot", k)` (loaded from `slots[k]` at that call)."""
+    m = ir.Module(name="hlotune_plan")
+    m.triple = triple
+    fn = ir.Function(m, ir.FunctionType(VOID, [PTR]), PLAN_NAME)
+    fn.attributes.add("nounwind")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    slots = fn.args[0]
+    for addr, args in calls:
+        fty = ir.FunctionType(VOID, [PTR] * len(args))
+        callee = b.inttoptr(ir.Constant(I64, addr), fty.as_pointer())   # typed pointer: the callee's type
+        vals = []
+        for kind, v in args:
+            if kind == "fixed":
+                vals.append(b.inttoptr(ir.Constant(I64, v), PTR))
+            else:
+                vals.append(b.load(b.gep(slots, [ir.Constant(I64, v)], source_etype=PTR), typ=PTR))
+        b.call(callee, vals)
+    b.ret_void()
+    return str(m)
+
+
+class CallPlan:
+    """A JIT-compiled sequence of kernel calls (see `build_plan_ir`): `plan(slots_address)` runs them all.
+    The kernels (and the buffers behind fixed pointers) must outlive the plan: the caller keeps them."""
+
+    def __init__(self, calls: list[tuple[int, tuple[tuple[str, int], ...]]]):
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        mod = llvm.parse_assembly(build_plan_ir(llvm.get_process_triple(), calls))
+        mod.verify()
+        tm = llvm.Target.from_default_triple().create_target_machine(opt=1)   # owned by the engine
+        self._engine = llvm.create_mcjit_compiler(mod, tm)
+        self._engine.finalize_object()
+        self.address = self._engine.get_function_address(PLAN_NAME)
+        self.n_calls = len(calls)
+        self._cfunc = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self.address)
+
+    def __call__(self, slots_address: int) -> None:
+        self._cfunc(slots_address)

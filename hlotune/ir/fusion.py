@@ -9,6 +9,7 @@ Map:
                                 (move, duplicate, multi-output merge)
   _sibling_pass                 multi-output fusion of clusters reading the same large input
   _emit                         builds fused computations and the glue entry
+  fold_dot_transposes(comp)     transpose(dot(a, b)) -> dot(b, a) when that is the same array (run first)
 
 Rules (see DESIGN.md and the fusion tests):
   - loop fusion: elementwise ops with their data-movement/constant producers;
@@ -28,6 +29,11 @@ Rules (see DESIGN.md and the fusion tests):
     consumers; others either move whole or become an extra output of the consumer (multi-output);
   - dot / convolution take producers that are pure data movement or converts only;
   - merges never create a cycle between clusters (checked by reachability).
+Before clustering, a transpose whose operand is a dot read by nothing else, and whose permutation
+swaps the dot's two groups of free dims (batch dims kept in place), becomes that dot with its operands
+swapped (`fold_dot_transposes`, setting `fold_dot_transpose`; XLA does the same): the dot writes the
+transposed layout directly, so the transpose is neither a pass over memory of its own nor a barrier to
+output fusion (weight gradients of a dense layer: `transpose(dot(dy, x))` then `w - lr * g`).
 Existing `fusion` instructions (XLA's optimized HLO, any kind) are honoured: each stays one
 subgraph, unchanged except that fusions nested inside it are inlined.  Other compute instructions
 (a lone dot, a legalized custom-call, ...) are clustered by the rules above.
@@ -80,6 +86,11 @@ SIBLING_MIN_ELEMENTS = 1024
 ROW_FUSION_MAX_BYTES = 256 * 1024
 #: ops a row cluster may contain
 ROW_OPS = ELEMENTWISE | frozenset({Op.REDUCE, Op.BROADCAST, Op.RESHAPE, Op.BITCAST, Op.COPY})
+#: a transpose(dot) is folded into a swapped dot only when the new minor (contiguous) output dim is at least
+#: this long or no shorter than the old one: the default dot schedules vectorize along the minor output dim
+#: (mlp_train_step: dW2 = transpose(dot(dy[256,10], h[256,256])) stays [10,256] then transposed; folded,
+#: the [256,10] dot ran 0.69 ms against 0.09 ms for dot + transpose)
+FOLD_MIN_MINOR = 16
 KIND_ATTR = {"loop": "kLoop", "input": "kInput", "output": "kOutput", "opaque": "kCustom"}
 
 
@@ -534,10 +545,57 @@ def _prepare(module: Module) -> Module:
     return inline_fusions(m, seen) if seen else m
 
 
+def _swapped_dot(dot: Instruction, t: Instruction, lhs_rank: int, rhs_rank: int) -> Instruction | None:
+    """`dot(b, a)` computing `t = transpose(dot(a, b))`, or None when the permutation is not that swap."""
+    lb, rb = tuple(dot.attr("lhs_batch_dims", ())), tuple(dot.attr("rhs_batch_dims", ()))
+    lc, rc = tuple(dot.attr("lhs_contracting_dims", ())), tuple(dot.attr("rhs_contracting_dims", ()))
+    nb = len(lb)
+    nl, nr = lhs_rank - nb - len(lc), rhs_rank - nb - len(rc)
+    want = tuple(range(nb)) + tuple(range(nb + nl, nb + nl + nr)) + tuple(range(nb, nb + nl))
+    if tuple(t.attr("dimensions", ())) != want or nl == 0 or nr == 0:
+        return None
+    old_minor, new_minor = dot.array_shape.dims[-1], t.array_shape.dims[-1]
+    if new_minor < min(old_minor, FOLD_MIN_MINOR):
+        return None
+    attrs = dict(dot.attrs)
+    attrs.update(lhs_batch_dims=rb, rhs_batch_dims=lb, lhs_contracting_dims=rc, rhs_contracting_dims=lc)
+    attrs = {k: v for k, v in attrs.items() if v != () or k in dict(dot.attrs)}
+    prec = attrs.get("operand_precision")
+    if isinstance(prec, str) and prec.startswith("{") and prec.count(",") == 1:   # raw text "{lhs,rhs}"
+        attrs["operand_precision"] = "{" + ",".join(reversed(prec.strip("{}").split(","))) + "}"
+    return Instruction(t.name, Op.DOT, t.shape, tuple(reversed(dot.operands)), make_attrs(attrs), t.line)
+
+
+def fold_dot_transposes(comp: Computation) -> Computation:
+    """Replace each `transpose(dot(a, b))` whose dot has no other reader (and is not the root) and whose
+    permutation swaps the dot's lhs-free and rhs-free dims by `dot(b, a)` under the transpose's name
+    (unless that makes the minor output dim short: FOLD_MIN_MINOR)."""
+    users = comp.users
+    new: dict[str, Instruction] = {}
+    for t in comp:
+        if t.op is not Op.TRANSPOSE or not isinstance(t.shape, ArrayShape):
+            continue
+        dot = comp[t.operands[0]]
+        if dot.op is not Op.DOT or users[dot.name] != (t.name,) or dot.name == comp.root:
+            continue
+        a, b = (comp[o].shape for o in dot.operands)
+        if not (isinstance(a, ArrayShape) and isinstance(b, ArrayShape)):
+            continue
+        swapped = _swapped_dot(dot, t, a.rank, b.rank)
+        if swapped is not None:
+            new[t.name] = swapped
+    if not new:
+        return comp
+    body = tuple(new.get(i.name, i) for i in comp)
+    return _dce_computation(topo_sort(Computation(comp.name, body, comp.root, comp.is_entry, comp.line)))
+
+
 def fuse(module: Module) -> FusedProgram:
     """Fuse the entry computation of an (optimized) module into subgraphs; see the module docstring."""
     m = _prepare(module)
     entry = topo_sort(m.entry_computation)
+    if config.get("fold_dot_transpose"):
+        entry = fold_dot_transposes(entry)
     g = _build_graph(entry, bool(config.get("no_fuse")))
     prog = _emit(m, g)
     config.debug(1, "fusion: %d subgraphs (%s)", len(prog.subgraphs),
