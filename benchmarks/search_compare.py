@@ -324,8 +324,10 @@ def transfer_rows(state: dict, rem: dict) -> list[str]:
         for sd in seeds:
             cp, cc = trajectory(pre[sd]["db"], target)[0], trajectory(cold[sd]["db"], target)[0]
             goal = min(min(cp), min(cc))
-            pairs.append((_t90_of(cp, goal), _t90_of(cc, goal)))
-        tp, tc = sum(p or 0 for p, _ in pairs), sum(c or 0 for _, c in pairs)
+            pairs.append((_t90_of(cp, goal) or f">{len(cp)}", _t90_of(cc, goal) or f">{len(cc)}"))
+        num = [int(str(x).lstrip(">")) for x in (p for p, _ in pairs)]   # never reached: counted as the budget
+        den = [int(str(x).lstrip(">")) for x in (c for _, c in pairs)]
+        tp, tc = sum(num), sum(den)
         ratios.append(tp / tc if tc else math.nan)
         med = rem.get(label, {}).get("median_s", {})
 
