@@ -7,7 +7,9 @@ Map:
                                  knows which step factors it came from), lower it once (for the statement
                                  list and arithmetic counts), and record the loop structure of every store
   Template.nests(factors)        StoreNests for N candidates: extents, bound-inferred regions of attached
-                                 stages and index coefficients, all numpy over an (N, n_factors) matrix
+                                 stages and index coefficients, all numpy over an (N, n_factors) matrix;
+                                 `bad` marks candidates it cannot reproduce (a clamped region minimum under
+                                 a packed index, a fractional region): those are lowered instead
   batch_features(cd, schedules)  list of (S_i, NUM_FEATURES) arrays, one per schedule (groups by structure;
                                  a structure the template cannot express -- rfactor, non-affine indices --
                                  falls back to the exact path: lower + features_of_func)
@@ -15,7 +17,9 @@ Map:
 The template mirrors `schedule_space.lower`: a stage's nest is its attach chain plus its own iterators;
 a reduction has an init statement (space iterators after the first reduce one) then its update; an attached
 stage's region per dimension is the span of its consumers' accesses over the loops inside the attach point
-(the whole dimension when that reaches the extent or goes through a fused loop).  Loops of extent 1 are kept
+(the whole dimension when that reaches the extent or goes through a fused loop with a fractional coefficient);
+a packed index `x // k` / `x % k` (Pack) is bounded as the lowering's simplifier has it (`_divmod_dim`: the terms
+of x that are multiples of k, the others when they stay within one period of k).  Loops of extent 1 are kept
 with extent 1 (features ignore them).  Tests check that it equals the exact path on many schedules.
 """
 
@@ -207,7 +211,13 @@ class Template:
         return v
 
     def nests(self, F: np.ndarray) -> list[StoreNest]:
+        """StoreNests of the N candidates (rows of F); `self.bad` (N,) marks the candidates whose numbers the
+        template cannot reproduce (their rows are not to be used: the caller lowers those)."""
         n = F.shape[0]
+        self.bad = np.zeros(n, dtype=bool)
+        self._lo: dict[str, np.ndarray] = {}      # attached stage -> (N, D) constant of its region minimum
+        self._clamp: dict[str, np.ndarray] = {}   # attached stage -> (N, D) region minimum clamped into the domain
+        self._tail = np.zeros(n, dtype=bool)      # a split with a partial tile in a stage inferred so far
         ext: dict[str, dict[str, np.ndarray]] = {}
         rc: dict[str, dict[tuple[str, str], np.ndarray]] = {}     # stage -> loop ref -> (N, R) coef in root axes
         fz: dict[str, dict[tuple[str, str], np.ndarray]] = {}     # same, True where reached through a fuse
@@ -242,6 +252,7 @@ class Template:
                 else:
                     f = self._val(r.nparts, F, n)
                     e[r.outer], e[r.inner] = np.minimum(p, f), np.ceil(p / f)
+                self._tail |= e[r.outer] * e[r.inner] != p
             else:
                 e[r.fused] = np.prod([e[q] for q in r.parents], axis=0)
         ext[name] = e
@@ -346,6 +357,89 @@ class Template:
             const[d] = r[1]
         return const, A
 
+    def _divmod_of(self, stage: str, idx: tuple[Expr, ...]) -> list[tuple | None]:
+        """Per index dimension: (is_div, k, B (R,), c) for `x // k` / `x % k` of an integer-affine x = B . axes + c
+        (what bound inference simplifies term by term, `simplify._div_mod`), else None."""
+        key = ("dm", stage, idx)
+        got = self._affine_cache.get(key)
+        if got is not None:
+            return got
+        op = self.stages[stage].op
+        axes = [a.name for a in op.axes] + [a.name for a in op.reduce_axes]
+        pos = {a: j for j, a in enumerate(axes)}
+        out: list[tuple | None] = []
+        for e in idx:
+            info = None
+            if isinstance(e, Binary) and e.op in (Op.DIVIDE, Op.REMAINDER) and isinstance(e.b, Const) \
+                    and float(e.b.value) >= 1 and float(e.b.value) == int(e.b.value):
+                r = _affine(e.a, set(axes))
+                if r is not None and all(float(v).is_integer() for v in r[0].values()) and float(r[1]).is_integer():
+                    B = np.zeros(len(axes))
+                    for a, v in r[0].items():
+                        B[pos[a]] = v
+                    info = (e.op is Op.DIVIDE, float(e.b.value), B, r[1])
+            out.append(info)
+        self._affine_cache[key] = out
+        return out
+
+    def _divmod_dim(self, c: str, info: tuple, inner: set, ext, rc, n: int, g_outer: dict):
+        """Region span of one `x // k` / `x % k` index dimension of consumer `c`, as the exact bound inference
+        computes it: x's terms whose coefficients are multiples of k (`qt`) and the rest (`rt`); when rt stays
+        within one period of k, x // k is qt / k (+ a constant) and x % k is rt (- a constant); else the whole
+        x // k (x % k) is one atom: its bounds when all its loops are inside the attach point, the whole
+        dimension when it mixes inner and outer loops, symbolic (span 0) when all are outer.
+        Returns (lo, hi, full, bad, outer coefficients) for this dimension, each (N,)."""
+        is_div, k, B, const = info
+        cst = self.stages[c]
+        Dc = len(cst.op.axes)
+        K = np.full(n, float(const))
+        bad = np.zeros(n, dtype=bool)
+        if c in self._lo:
+            K = K + self._lo[c] @ B[:Dc]
+            bad |= np.any(self._clamp[c][:, B[:Dc] != 0], axis=1)
+        terms = []
+        for u, m in rc[c].items():
+            e = ext[u[0]][u[1]]
+            v = np.where(e > 1, m @ B, 0.0)
+            bad |= np.abs(v - np.round(v)) > 1e-9
+            terms.append((u, np.round(v), e - 1.0, u in inner))
+        zero = np.zeros(n)
+        rt = {u: np.mod(v, k) != 0 for u, v, _r, _i in terms}
+        m = np.mod(K, k)
+        rlo = m + sum((np.where(rt[u], np.minimum(0, v * r), 0) for u, v, r, _i in terms), zero)
+        rhi = m + sum((np.where(rt[u], np.maximum(0, v * r), 0) for u, v, r, _i in terms), zero)
+        one = (rlo >= 0) & (np.floor(rlo / k) == np.floor(rhi / k))
+        j = np.floor(rlo / k)
+        if is_div:
+            keep = {u: ~rt[u] for u, *_ in terms}
+            scale, base = 1.0 / k, np.floor(K / k) + j
+        else:
+            keep = rt
+            scale, base = 1.0, m - j * k
+        lo1 = base + sum((np.where(keep[u], np.minimum(0, v * scale * r), 0) for u, v, r, i in terms if i), zero)
+        hi1 = base + sum((np.where(keep[u], np.maximum(0, v * scale * r), 0) for u, v, r, i in terms if i), zero)
+        # the atom case
+        xlo = K + sum((np.minimum(0, v * r) for _u, v, r, _i in terms), zero)
+        xhi = K + sum((np.maximum(0, v * r) for _u, v, r, _i in terms), zero)
+        has_in = np.any([(v != 0) for _u, v, _r, i in terms if i], axis=0) if any(t[3] for t in terms) else zero > 0
+        has_out = np.any([(v != 0) for _u, v, _r, i in terms if not i], axis=0) \
+            if any(not t[3] for t in terms) else zero > 0
+        if is_div:
+            alo, ahi = np.floor(xlo / k), np.floor(xhi / k)
+        else:
+            same = np.floor(xlo / k) == np.floor(xhi / k)
+            alo = np.where(same, np.mod(xlo, k), 0.0)
+            ahi = np.where(same, np.mod(xhi, k), np.minimum(k - 1, xhi))
+        atom_full = ~one & has_in & (has_out | (xlo < 0))
+        sym = ~one & ~has_in
+        lo = np.where(one, lo1, np.where(sym, 0.0, alo))
+        hi = np.where(one, hi1, np.where(sym, 0.0, ahi))
+        og = {}
+        for u, v, _r, i in terms:
+            if not i:
+                og[u] = np.where(one, np.where(keep[u], v * scale, 0.0), g_outer[u])
+        return lo, hi, atom_full, bad, og
+
     def _region(self, name: str, n: int, ext, rc, fz):
         st = self.stages[name]
         op = st.op
@@ -363,6 +457,9 @@ class Template:
                     continue
                 coefs, const, A = self._access_coefs(c, ld.indices, rc, n)
                 a = np.tile(const, (n, 1))
+                if c in self._lo:    # the consumer's own region minimum (relative index + its constant)
+                    Dc = len(self.stages[c].op.axes)
+                    a = a + self._lo[c] @ A[:, :Dc].T
                 b = a.copy()
                 for u, g in coefs.items():
                     if u in inner:
@@ -371,20 +468,47 @@ class Template:
                         a = a + np.minimum(0, span)
                         b = b + np.maximum(0, span)
                         via_fuse = (fz[c][u] @ (A.T != 0)) > 0
-                        full |= via_fuse & (g != 0) & (e_u > 1)
+                        full |= via_fuse & (g != 0) & (e_u > 1) & (np.abs(g - np.round(g)) > 1e-9)
+                outer = {u: g.copy() for u, g in coefs.items() if u not in inner}
+                for d, info in enumerate(self._divmod_of(c, ld.indices)):
+                    if info is None:
+                        continue
+                    dlo, dhi, dfull, dbad, og = self._divmod_dim(c, info, inner, ext, rc, n,
+                                                                 {u: g[:, d] for u, g in outer.items()})
+                    a[:, d], b[:, d] = dlo, dhi
+                    full[:, d] |= dfull
+                    self.bad |= dbad
+                    for u, g in og.items():
+                        outer[u][:, d] = g
                 lo, hi = np.minimum(lo, a), np.maximum(hi, b)
                 if first_A is None:
                     first_A = A
-                    first_outer = {u: g for u, g in coefs.items() if u not in inner}
+                    first_outer = outer
                 elif not np.array_equal(first_A, A):
                     full |= np.any(first_A != A, axis=1)[None, :]
         extent = np.array([a.extent for a in op.axes], dtype=np.float64)[None, :]
         if first_A is None:
+            self._lo[name] = np.zeros((n, D))
+            self._clamp[name] = np.zeros((n, D), dtype=bool)
             return np.tile(extent, (n, 1)), {}
         size = hi - lo + 1
         full |= size >= extent
+        # bound inference gives whole sizes: a fractional one is a case the template does not model
+        self.bad |= np.any(~full & (np.abs(size - np.round(size)) > 1e-9), axis=1)
         region = np.where(full, extent, size)
         outer = {u: np.where(full, 0.0, g) for u, g in (first_outer or {}).items()}
+        # the region minimum (outer terms + lo) is clamped into the domain where its bounds leave it (lower.py):
+        # never without partial tiles (every access is in the domain and the region is their hull); with them,
+        # the bounds of the linear terms (a fused loop's are not linear: counted as clamped, i.e. not modelled)
+        mlo, mhi = lo.copy(), lo.copy()
+        fused = np.zeros((n, D), dtype=bool)
+        for u, g in outer.items():
+            r = ext[u[0]][u[1]][:, None] - 1.0
+            mlo, mhi = mlo + np.minimum(0, g * r), mhi + np.maximum(0, g * r)
+            if np.any(fz[u[0]][u]):
+                fused |= (g != 0) & (r > 0)
+        self._lo[name] = np.where(full, 0.0, lo)
+        self._clamp[name] = ~full & self._tail[:, None] & ((mlo < 0) | (mhi + region > extent) | fused)
         return region, outer
 
     def _nest(self, stage, kind, loops, rep: StoreNest, n, ext, rc, mnc, shapes, F) -> StoreNest:
@@ -492,7 +616,16 @@ def batch_features(cd: ComputeDef, schedules, workload_key: str | None = None) -
         tpl = _template(cd, key_cd, scheds[0])
         if tpl is not None:
             try:
-                done.append((idx, tpl.nests(factor_matrix(scheds, tpl.refs))))
+                nests = tpl.nests(factor_matrix(scheds, tpl.refs))
+                if tpl.bad.any():   # candidates the template cannot express: lowered one by one below
+                    rest = [i for i, b in zip(idx, tpl.bad) if b]
+                    idx = [i for i, b in zip(idx, tpl.bad) if not b]
+                    if idx:
+                        nests = tpl.nests(factor_matrix([schedules[i] for i in idx], tpl.refs))
+                    for i in rest:
+                        out[i] = exact_features(cd, schedules[i])
+                if idx:
+                    done.append((idx, nests))
                 continue
             except Unsupported:
                 pass

@@ -37,7 +37,9 @@ visit of a stage:
   reduction       other reductions: split the last space axis (hole), order space, j.0, reduce, j.1
   elementwise     fuse all axes, split in 3 (holes: parallel chunk, serial, vector lanes)
 Plus one sketch with the default schedule (`default.default_schedule`, no holes), so the search can always
-reach the default's quality.
+reach the default's quality, and, when the default has a column-panel GEMM (each parallel task packs the B panel
+it reads, `default._panel_tiles`), the sketch `gemm_panel`: the default's steps with that GEMM's row tile and
+k block as holes (`default.gemm_sketch`), so tuning searches around the default's blocking.
 
 A sketch's template refers to stages and iterators by name, so annotation steps appended after it (see
 `annotate`) and mutations can address loops without renumbering.  Sketch ids are stable: the same
@@ -53,7 +55,7 @@ from dataclasses import dataclass, field
 from ..ir.expr import ComputeDef, Load, Stage, Unary, Var, walk
 from ..ir.hlo import TRANSCENDENTAL
 from ..target import Target
-from .default import PACK_MIN_ROWS, _b_operand, _reuse_rows, default_schedule, row_sketch
+from .default import PACK_MIN_ROWS, _b_operand, _reuse_rows, default_schedule, gemm_sketch, row_sketch
 from .steps import CacheWrite, ComputeAt, ComputeInline, FollowSplit, Fuse, Reorder, RFactor, Split, Step
 
 #: the innermost tile factor of a multi-level tiling is at most this
@@ -531,6 +533,11 @@ def generate_sketches(task_or_cd, target: Target | None = None, default: bool = 
             continue
         seen.add((g.steps, g.tiles, g.sites))
         out.append(Sketch(_sketch_id(g.rules), g.rules, key, cd, target, g.steps, g.tiles, g.sites))
+    panel = gemm_sketch(cd, target)
+    if panel is not None:
+        steps, holes = panel
+        tiles = tuple(TileHole(k, steps[k].stage, steps[k].iter, ext, 1, cap) for k, ext, cap in holes)
+        out.append(Sketch(_sketch_id(("gemm_panel",)), ("gemm_panel",), key, cd, target, tuple(steps), tiles))
     if default:
         steps = tuple(default_schedule(cd, target))
         out.append(Sketch(_sketch_id(("default",)), ("default",), key, cd, target, steps))

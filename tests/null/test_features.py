@@ -218,3 +218,36 @@ def test_fused_loop_reaching_both_halves_has_stride_one():
                   For(f, Const(0, I), Const(64, I), ForKind.SERIAL, st))
     r = _raw(features_of_func(fn)[0])
     assert round(float(r[COL["B0.stride"]]), 6) == 1 and round(float(r[COL["B1.stride"]]), 6) == 1
+
+
+def test_column_panel_pack_regions_need_no_fallback(monkeypatch):
+    """The column-panel GEMM (default.py) packs each parallel task's panel of B inside the parallel loop: the
+    copy B.pack[j // 32, k, j % 32] is read there over one panel, and bound inference gives it 1 (or
+    panel / 32) along j // 32 -- the integer terms of j divided by 32, the ones within one period dropped
+    -- not the linearized span 1 + 31/32.  The template expresses it for every tile size (no candidate
+    falls back to lowering) and equals lowering each candidate."""
+    from hlotune.cost_model import fast_features
+    from hlotune.schedule_space.steps import Annotate, ComputeAt, Pack, Reorder, Split
+
+    P, V, U = ForKind.PARALLEL, ForKind.VECTORIZED, ForKind.UNROLLED
+    steps = (Pack("param_1", ("dot_general_1",), 1, 32, 0), Split("param_1.pack", "ax2", (4,), True),
+             Annotate("param_1.pack", "ax2.1", V), Split("max_3", "i0", (8,), True), Split("max_3", "i1", (32,), True),
+             Reorder("max_3", ("i1.0", "i0.0", "i0.1", "i1.1")), Annotate("max_3", "i1.0", P),
+             Split("max_3", "i1.1", (32,), True), Annotate("max_3", "i1.1.1", V),
+             ComputeAt("dot_general_1", "max_3", "i0.0"), ComputeAt("param_1.pack", "max_3", "i1.0"),
+             Split("dot_general_1", "r0", (1,), True), Split("dot_general_1", "i0", (2,), True),
+             Split("dot_general_1", "i1", (32, 32), True),
+             Reorder("dot_general_1", ("r0.0", "i1.0", "i0.0", "r0.1", "i0.1", "i1.1", "i1.2")),
+             Annotate("dot_general_1", "i0.1", U), Annotate("dot_general_1", "i1.1", U),
+             Annotate("dot_general_1", "i1.2", V))
+    m = hlotune.load_model(model_path("dense_bias_relu", "bench.hlo"))
+    sg = next(s for s in m.frontend.subgraphs if s.name == "max.3")
+    cd, key = sg.workload.compute, sg.workload.key
+    vs = [Schedule(key, s) for s in [steps] + factor_variants(cd, steps, np.random.default_rng(2), 16, max_inner=32)]
+    exact = [exact_features(cd, s) for s in vs]
+    assert all(x is not None for x in exact)
+    pack_sizes = {round(float(_raw(x[0, COL["alloc_size"]]))) for x in exact}
+    assert 1024 * 32 * 4 in pack_sizes and len(pack_sizes) > 1        # one panel, and wider ones
+    monkeypatch.setattr(fast_features, "exact_features", lambda cd, s: pytest.fail(f"fell back: {s.steps}"))
+    for s, fast, ex in zip(vs, batch_features(cd, vs, key + "-panel-test"), exact):
+        np.testing.assert_allclose(fast, ex, atol=1e-6, err_msg=f"{s.steps}")

@@ -44,7 +44,7 @@ def _packs(s: Schedule) -> list[Pack]:
 def test_tiled_sketches_offer_packing_with_the_micro_tile_width():
     task = _task("dense_bias_relu")
     for sk in generate_sketches(task):
-        if not sk.has_holes:
+        if not sk.has_holes or sk.rules == ("gemm_panel",):   # the default's plan: B packed per task, no choice
             continue
         site = next(x for x in sk.sites if x.stage == "dot_general_1")
         assert site.pack is not None and site.pack.buffer == "param_1"
