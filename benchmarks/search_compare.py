@@ -177,14 +177,7 @@ def trajectory(db_path: str, target: Target) -> tuple[list[float], list]:
 def trials_to_90(costs: list[float]) -> int | None:
     """First trial (1-based) whose best-so-far is within 90% of the final best's speed."""
     final = min(costs, default=math.inf)
-    if not math.isfinite(final):
-        return None
-    best = math.inf
-    for i, c in enumerate(costs, 1):
-        best = min(best, c)
-        if final / best >= 0.9:
-            return i
-    return None
+    return _t90_of(costs, final) if math.isfinite(final) else None
 
 
 def pretrain(db: str, held_out: list[str], out: Path) -> str:
@@ -292,6 +285,7 @@ def round_time(a, subs, target: Target, state: dict, out: Path) -> None:
 # ----------------------------------------------------------------------------- 4. report
 
 def _t90_of(costs: list[float], goal: float) -> int | None:
+    """First trial (1-based) whose best-so-far is within 90% of `goal`'s speed (None: never)."""
     best = math.inf
     for i, c in enumerate(costs, 1):
         best = min(best, c)
