@@ -417,6 +417,8 @@ def _gemm_plan(red_stage: Stage, target: Target, lanes: int) -> _Gemm | None:
     mr*nvec accumulators + nvec B vectors + a broadcast), cache tile tm x tn, k blocked so that an
     nr-wide panel of packed B (kc x nr) stays in half of L1.  Measured on the 2-core AVX-512 dev VM
     (1024^3 matmul): mr=8 beats 4 and 6; tm=64, tn=64 beat 8 to 32; packing B doubles the rate."""
+    if len(red_stage.axes) < 2 or not red_stage.reduce_axes:
+        return None
     *_, ax_i, ax_j = red_stage.axes
     I, J = ax_i.extent, ax_j.extent
     vl = _vector_width(J, lanes)

@@ -344,3 +344,16 @@ def test_inline_and_compute_location_rules_on_hand_built_definitions():
                     locs |= {x[0] for x in decisions_of(sk, s).loc if x}
                 _check_numerics(cd, s, ins, want, f"{name} {sk.rules}")
     assert locs == {"root", "inline", "at"}
+
+
+@pytest.mark.parametrize("model", ["mlp_train_step", "transformer_block", "layernorm", "conv2d_bias_relu"])
+def test_default_like_seeds_on_every_subgraph(model):
+    """Every subgraph's search seeds (`default_like` of each sketch) build without error: an elementwise stage
+    tiled by tile_fuse has no reduce axis and is no GEMM (this crashed `hlotune tune` on mlp_train_step)."""
+    from hlotune.search.space import TaskSpace
+
+    for kind in ("hlo", "bench.hlo"):
+        for sg in _subgraphs(model, kind):
+            space = TaskSpace(_task(sg))
+            for s in space.seeds:
+                assert s.workload_key == sg.workload.key
