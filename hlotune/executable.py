@@ -359,6 +359,36 @@ def _flatten(v: Any) -> list[np.ndarray]:
 ARENA_ALIGN = 64   # bytes: every intermediate starts on a cache line
 
 
+#: glue ops that are views of their operand (no data moved) in the call plans
+PLAN_VIEW_OPS = (Op.BITCAST, Op.RESHAPE)
+
+
+def _walk_glue(exe: Executable, plan) -> dict[str, Any] | None:
+    """Resolve the glue program once for a call plan (`_CpuPlan`, `_FastGpuPlan`): each instruction's value, a
+    plan leaf or a tuple of them, from the plan's `_param`, `_fusion`, `_constant` and `_view`; None when the plan
+    cannot express an instruction (the executable then keeps its general path)."""
+    env: dict[str, Any] = {}
+    for inst in exe._glue.instructions:
+        if inst.op is Op.PARAMETER:
+            val = plan._param(exe, inst.attr("parameter_number"))
+        elif inst.op is Op.FUSION:
+            val = plan._fusion(exe, inst, [env[o] for o in inst.operands])
+        elif inst.op is Op.TUPLE:
+            val = tuple(env[o] for o in inst.operands)
+        elif inst.op is Op.GET_TUPLE_ELEMENT:
+            val = env[inst.operands[0]][inst.attr("index")]
+        elif inst.op is Op.CONSTANT and not inst.shape.is_tuple():
+            val = plan._constant(exe, inst)
+        elif inst.op in PLAN_VIEW_OPS:
+            val = plan._view(exe, inst, env[inst.operands[0]])
+        else:
+            val = None
+        if val is None:
+            return None
+        env[inst.name] = val
+    return env
+
+
 @dataclass(frozen=True)
 class _Buf:
     """A CPU buffer of the glue program at build time.  `kind`: "arg" (the caller's argument `index`), "fresh"
@@ -402,7 +432,6 @@ class _CpuPlan:
     """The glue program of a CPU executable resolved once (see the module map).  Build with `build(exe)`
     (None when some glue op needs the interpreter); `run(checked_args)` returns the outputs."""
 
-    _VIEW_OPS = (Op.BITCAST, Op.RESHAPE)
 
     def __init__(self, exe: Executable):
         self.exe = exe
@@ -420,38 +449,32 @@ class _CpuPlan:
     def build(cls, exe: Executable) -> _CpuPlan | None:
         if exe._interpreted:
             return None
-        from .ir.interp import evaluate_computation
-        from .ir.passes import _default_layout
-
         p = cls(exe)
-        env: dict[str, Any] = {}
-        for inst in exe._glue.instructions:
-            if inst.op is Op.PARAMETER:
-                k = inst.attr("parameter_number")
-                name, dims, dtype, _ = exe._param_specs[k]
-                env[inst.name] = _Buf("arg", k, tuple(dims), dtype)
-            elif inst.op is Op.FUSION:
-                val = p._fusion(exe, inst, [env[o] for o in inst.operands])
-                if val is None:
-                    return None
-                env[inst.name] = val
-            elif inst.op is Op.TUPLE:
-                env[inst.name] = tuple(env[o] for o in inst.operands)
-            elif inst.op is Op.GET_TUPLE_ELEMENT:
-                env[inst.name] = env[inst.operands[0]][inst.attr("index")]
-            elif inst.op is Op.CONSTANT and not inst.shape.is_tuple():
-                val = evaluate_computation(exe._module, exe._mini[inst.name], [])
-                env[inst.name] = p._fixed(np.ascontiguousarray(val, dtype=inst.array_shape.dtype.np))
-            elif (inst.op in cls._VIEW_OPS and isinstance(env[inst.operands[0]], _Buf)
-                  and _default_layout(inst.shape) and _default_layout(exe._glue[inst.operands[0]].shape)):
-                x = env[inst.operands[0]]
-                env[inst.name] = _Buf(x.kind, x.index, tuple(inst.shape.dims), x.dtype)
-            else:
-                return None
+        env = _walk_glue(exe, p)
+        if env is None:
+            return None
         p._place_intermediates()
         p._result(env[exe._glue.root])
         p._compile()
         return p
+
+    def _param(self, exe: Executable, k: int) -> _Buf:
+        _, dims, dtype, _ = exe._param_specs[k]
+        return _Buf("arg", k, tuple(dims), dtype)
+
+    def _constant(self, exe: Executable, inst) -> _Buf:
+        from .ir.interp import evaluate_computation
+
+        val = evaluate_computation(exe._module, exe._mini[inst.name], [])
+        return self._fixed(np.ascontiguousarray(val, dtype=inst.array_shape.dtype.np))
+
+    def _view(self, exe: Executable, inst, x) -> _Buf | None:
+        from .ir.passes import _default_layout
+
+        if not (isinstance(x, _Buf) and _default_layout(inst.shape)
+                and _default_layout(exe._glue[inst.operands[0]].shape)):
+            return None
+        return _Buf(x.kind, x.index, tuple(inst.shape.dims), x.dtype)
 
     def _fusion(self, exe: Executable, inst, operands: list) -> Any:
         sub = exe._subgraphs[inst.name]
@@ -754,29 +777,14 @@ class _FastGpuPlan:
         if exe._interpreted:
             return None
         p = cls()
-        env: dict[str, Any] = {}
         params = exe.model.module.entry_computation.parameters
         p.arg_slots = [p.prog.slot() for _ in params]
         p.arg_specs = [(tuple(x.array_shape.dims), np.dtype(x.array_shape.dtype.np), f"argument {k} ({x.name})")
                        for k, x in enumerate(params)]
-        for inst in exe._glue.instructions:
-            if inst.op is Op.PARAMETER:
-                k = inst.attr("parameter_number")
-                env[inst.name] = _Leaf(p.arg_slots[k], params[k].array_shape.dims, params[k].array_shape.dtype.np)
-            elif inst.op is Op.FUSION:
-                val = p._fusion(exe, inst, [env[o] for o in inst.operands])
-                if val is None:
-                    return None
-                env[inst.name] = val
-            elif inst.op is Op.TUPLE:
-                env[inst.name] = tuple(env[o] for o in inst.operands)
-            elif inst.op is Op.GET_TUPLE_ELEMENT:
-                env[inst.name] = env[inst.operands[0]][inst.attr("index")]
-            elif inst.op in _GpuGlue._VIEW_OPS and isinstance(env[inst.operands[0]], _Leaf):
-                x = env[inst.operands[0]]
-                env[inst.name] = _Leaf(x.slot, tuple(inst.shape.dims), x.dtype, x.fresh)
-            else:
-                return None
+        p.params = params
+        env = _walk_glue(exe, p)
+        if env is None:
+            return None
         taken: set[int] = set()
         for x, s in zip(_flatten(env[exe._glue.root]), flat_shapes(exe._glue.root_instruction.shape)):
             if x.fresh and x.slot not in taken:
@@ -793,6 +801,16 @@ class _FastGpuPlan:
                            int(np.prod(y.shape, dtype=np.int64)) * np.dtype(y.dtype).itemsize) for y in p.fresh]
         p._result = [(p._fresh_index[y.slot], shape if tuple(y.shape) != shape else None) for y, shape, _ in p.result]
         return p
+
+    def _param(self, exe: Executable, k: int) -> _Leaf:
+        shape = self.params[k].array_shape
+        return _Leaf(self.arg_slots[k], shape.dims, shape.dtype.np)
+
+    def _constant(self, exe: Executable, inst) -> None:
+        return None    # constants keep the general path
+
+    def _view(self, exe: Executable, inst, x) -> _Leaf | None:
+        return _Leaf(x.slot, tuple(inst.shape.dims), x.dtype, x.fresh) if isinstance(x, _Leaf) else None
 
     def _fusion(self, exe: Executable, inst, operands: list) -> Any:
         sub = exe._subgraphs[inst.name]
