@@ -63,6 +63,14 @@ def _choice(text: str, values: tuple[str, ...]) -> str:
     return low
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.replace(";", ",").split(",") if p.strip()]
+    out = tuple(int(p) for p in parts)
+    if any(v < 0 for v in out):
+        raise ValueError(f"sizes must be >= 0: {text!r}")
+    return tuple(v for v in out if v > 0)
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("debug", int, 0, "logging detail 0-5 (see DEBUG_LEVELS); also shows tracebacks in the CLI"),
     Setting("cache_dir", str, os.path.join(os.path.expanduser("~"), ".cache", "hlotune"),
@@ -77,6 +85,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("tune_pipeline", lambda t: _choice(t, ("auto", "on", "off")), "auto",
             "search the next batch while one is measured: auto (when the CPU runner times at real-time priority, "
             "HLOTUNE_MEASURE_REALTIME, or on cuda), on or off"),
+    Setting("tune_warmup", _sizes, (16, 16),
+            "a fresh task's first round, when the cost model already ranks (pretrained), is measured in parts of "
+            "these sizes, the rest of the round ranked again by the model after each part (comma-separated; "
+            "'0': off)"),
     Setting("search_workers", int, 0, "processes for one evolutionary search round (mutation and features; "
                                       "0: one per core, at most 4; 1: none forked)"),
     Setting("cost_model", str, "auto", "cost model the evolutionary search starts from: 'auto' (the model shipped "

@@ -4,6 +4,8 @@ Map:
   EvolutionarySearch(space, model, population, generations, eps_greedy, ...)   one task's search
     .propose(n, measured, rng) -> list[Schedule]      one round: evolve, then pick a batch to measure
     .observe(schedules, costs)                        measured results: the best seed the next population
+    .rerank(n, measured, rng) -> list[Schedule]       more of the last round's candidates, ranked by the model as
+                                                      it is now (the tuner's first round, measured in parts)
   score(space, model, schedules, cache) -> ndarray    predicted scores (higher = faster), features cached
   fanout(fn, jobs, workers)                           a round's sampling / children chunks (CHUNKS, each its own
                                                       random stream) run in processes forked from this one
@@ -185,6 +187,8 @@ class EvolutionarySearch:
         self.workers = search_workers() if workers is None else max(1, int(workers))
         self.best: list[tuple[float, str, Schedule]] = []   # measured valid, fastest first
         self.stats: dict[str, float] = {}
+        self.pool: list[Schedule] = []          # the last round's scored candidates (for `rerank`)
+        self.pool_random: list[Schedule] = []   # and its random samples
 
     # ------------------------------------------------------------------ measured results
     def observe(self, schedules: list[Schedule], costs: list[float]) -> None:
@@ -309,6 +313,24 @@ class EvolutionarySearch:
                     picked.add(k)
         self.stats = {"init_s": t_init, "score_s": t_score, "total_s": time.perf_counter() - t0,
                       "candidates": len(cands)}
+        self.pool = [s for _, s in cands.values()]
+        self.pool_random = rand
+        return out
+
+    def rerank(self, n: int, measured: set[str], rng: random.Random) -> list[Schedule]:
+        """Up to `n` more schedules from the last round's scored candidates, ranked again by the model as it is
+        now (it has learnt what was measured since), `eps_greedy` of them random as in `propose`.  Cheap: the
+        candidates' features are cached, so this is one prediction, no evolution."""
+        pool = [s for s in self.pool if s.key not in measured]
+        if not pool or n <= 0:
+            return []
+        sc = score(self.space, self.model, pool, self.cache)
+        n_rand = min(n, int(round(self.eps_greedy * n)))
+        ranked = sorted((j for j in range(len(pool)) if np.isfinite(sc[j])), key=lambda j: (-sc[j], pool[j].key))
+        out = [pool[j] for j in ranked[: n - n_rand]]
+        picked = {s.key for s in out}
+        rest = [s for s in self.pool_random if s.key not in measured and s.key not in picked]
+        out += rng.sample(rest, min(len(rest), n - len(out)))
         return out
 
 

@@ -31,6 +31,10 @@ One run:
      The search must not share the cores with a timing as an equal: a tuner itself at real-time priority
      (`chrt`) puts its runner one priority above it (`_search_beside_measurement`).  Ctrl-C loses the batch in
      flight (the measurer is told to abort) and is never lost itself (`_CtrlC`: the search forks).
+  6. a fresh task's first round, when the cost model already ranks (the pretrained one), is measured in parts
+     (`tune_warmup`, default 16 then 16): after each part the model learns it and the rest of the round's
+     candidates are ranked again (`rerank`), so the run's own measurements steer the round at once.  Pipelined
+     with one task, the default schedule is measured while the first round is searched.
 Each run writes a JSON-lines log `tune-<model>-<time>.jsonl` under the log dir (one line per batch).
 Randomness: every round draws from `derive_rng(seed, trials so far, task)`, so a seeded run proposes the same
 candidates when the measurements are the same.
@@ -243,6 +247,12 @@ def _builtin_model(seed: int, target: Target | None):
         return CostModel(seed=seed)
 
 
+def _ranks(model) -> bool:
+    """Whether `model` ranks candidates before this run measured anything (a pretrained or trained model)."""
+    from .evolutionary import _informative
+    return model is not None and _informative(model)
+
+
 def _model_update(model, samples, fit: bool = False) -> None:
     if not samples or not hasattr(model, "update"):
         return
@@ -405,6 +415,8 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
     done = 0
     pipelined: bool | None = None   # decided at the first round's batch (the runner must be started to know)
     pending: _Batch | None = None    # the batch being measured while the next one is searched
+    trial0: tuple | None = None      # (todo, job): the default schedules measured while the first round is searched
+    warm_sizes: tuple[int, ...] = tuple(config.get("tune_warmup"))
     restore: list[tuple] = []        # what _search_beside_measurement changed
 
     def elapsed() -> float:
@@ -467,9 +479,8 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
         learn(measured)
         return costs
 
-    def submit(b: _Batch) -> _Batch:
+    def decide_pipeline(m) -> bool:
         nonlocal pipelined
-        m = get_measurer()
         if pipelined is None:
             pipelined = report.pipelined = _pipelined(pipeline, m, target)
             how = ""
@@ -477,9 +488,33 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
                 restore.append(_search_beside_measurement(m))
                 how = restore[-1][2]
             log.write("pipeline", on=pipelined, priority=how)
+        return pipelined
+
+    def submit(b: _Batch) -> _Batch:
+        m = get_measurer()
+        b.job = _Job(run_batch, (m, [b.i] * len(b.cands), b.cands), background=decide_pipeline(m))
         b.best_before = runs[b.i].best
-        b.job = _Job(run_batch, (m, [b.i] * len(b.cands), b.cands), background=pipelined)
         return b
+
+    def defaults_done(todo: list[tuple[int, Schedule]], costs: list[float]) -> None:
+        for i, _ in todo:
+            sched.restore(i, runs[i].trials, runs[i].best)
+        log.write("defaults", trials_total=total(), elapsed_s=elapsed(),
+                  defaults={runs[i].task.name: c for (i, _), c in zip(todo, costs)})
+        sched.defaults = defaults()
+
+    def settle_defaults() -> None:
+        """The default schedules measured beside the first round's search: commit, learn, tell the policies."""
+        nonlocal trial0
+        todo, job = trial0
+        trial0 = None
+        measured = job.result(ctrl_c.check)
+        costs = commit([i for i, _ in todo], measured)
+        learn(measured)
+        defaults_done(todo, costs)
+        for (i, s), c in zip(todo, costs):
+            if runs[i].policy is not None:
+                runs[i].policy.observe([s], [c])
 
     def settle(b: _Batch):
         """Wait for a batch, commit it, tell its policy and the scheduler: (costs, the measured batch)."""
@@ -513,6 +548,26 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
         if b is not None:
             wrap_up(b, *settle(b))
 
+    def warm_up(i: int, cands: list[Schedule], stats: dict) -> list[Schedule]:
+        """A fresh task's first round, ranked by a model that already ranks (pretrained), measured in parts
+        (setting tune_warmup): after each part the model learns it and ranks the rest of the round's candidates
+        again (`rerank`: no new evolution).  Returns what is left of the round, for the usual path."""
+        nonlocal pending
+        r = runs[i]
+        for size in warm_sizes:
+            if len(cands) <= size:
+                break
+            ctrl_c.check()
+            if trial0 is not None:
+                settle_defaults()
+            left = len(cands) - size
+            pending = submit(_Batch(i, cands[:size], 0.0, stats))
+            flush()
+            t0 = time.perf_counter()
+            cands = r.policy.rerank(left, r.measured, derive_rng(seed, "rerank", total(), i))
+            report.search_s += time.perf_counter() - t0
+        return cands
+
     def time_cut(cands: list[Schedule]) -> tuple[list[Schedule], str]:
         """A pipelined batch proposed while the last was measured, cut to the time budget left ("": none left)."""
         if time_budget is None:
@@ -537,16 +592,17 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
     stop = ""
     ctrl_c = _CtrlC().__enter__()
     try:
-        # 2. trial 0: default schedules
+        # 2. trial 0: default schedules.  Pipelined with one task, its first round is searched meanwhile (which
+        # task goes first depends on the defaults' latencies only when there are several)
         todo = [(i, r.space.default) for i, r in enumerate(runs)
                 if r.space.default is not None and r.space.default.key not in r.measured]
         if todo and (trials is None or total() < trials):
             todo = todo[: (trials - total()) if trials is not None else None]
-            costs = measure([i for i, _ in todo], [s for _, s in todo])
-            for i, _ in todo:
-                sched.restore(i, runs[i].trials, runs[i].best)
-            log.write("defaults", trials_total=total(), elapsed_s=elapsed(),
-                      defaults={runs[i].task.name: c for (i, _), c in zip(todo, costs)})
+            i_of, scheds = [i for i, _ in todo], [s for _, s in todo]
+            if len(runs) == 1 and decide_pipeline(get_measurer()):
+                trial0 = (todo, _Job(run_batch, (get_measurer(), i_of, scheds), background=True))
+            else:
+                defaults_done(todo, measure(i_of, scheds))
         sched.defaults = defaults()
 
         # 3. cost model and policies
@@ -566,6 +622,10 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
         while True:
             ctrl_c.check()
             flying = len(pending.cands) if pending is not None else 0
+            if trial0 is not None and (pending is not None or (trials is not None and total() + 1 >= trials)):
+                settle_defaults()
+                continue
+            flying += len(trial0[0]) if trial0 is not None else 0
             if trials is not None and total() + flying >= trials:
                 if pending is not None:
                     flush()
@@ -573,6 +633,9 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
                 stop = f"trial budget ({trials}) reached"
                 break
             if time_budget is not None and elapsed() >= time_budget:
+                if trial0 is not None:
+                    settle_defaults()
+                    continue
                 if pending is not None:
                     flush()
                     continue
@@ -580,12 +643,19 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
                 break
             i = sched.next_task(derive_rng(seed, "task", total() + flying))
             if i is None:   # every task stopped, or the scheduler has not seen the batch in flight yet
+                if trial0 is not None:
+                    settle_defaults()
+                    continue
                 if pending is not None:
                     flush()
                     continue
                 stop = "every subgraph stopped"
                 break
             r = runs[i]
+            warm = bool(warm_sizes) and r.trials <= 1 and hasattr(r.policy, "rerank") and _ranks(cmodel)
+            if warm and pending is not None:   # the first round in parts learns everything measured before it
+                flush()
+                continue
             n = batch_size if trials is None else min(batch_size, trials - total() - flying)
             if time_budget is not None and done and rounds and pending is None:
                 # a smaller last batch rather than overshooting the time budget much
@@ -597,6 +667,8 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
                 n = max(1, min(n, int(left / per)))
             rounds += 1
             busy = r.measured | pending.keys if pending is not None and pending.i == i else r.measured
+            if trial0 is not None:
+                busy = busy | {sd.key for j, sd in trial0[0] if j == i}
             t0 = time.perf_counter()
             cands = r.policy.propose(n, busy, derive_rng(seed, "round", total() + flying, i))
             t_search = time.perf_counter() - t0
@@ -606,7 +678,12 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
                 sched.kill(i, "search space exhausted")
                 prog.line(f"  {r.task.name}: nothing new to measure (search space exhausted)")
                 continue
-            nxt = _Batch(i, cands, t_search, dict(getattr(r.policy, "stats", {}) or {}))
+            stats = dict(getattr(r.policy, "stats", {}) or {})
+            if warm:
+                cands = warm_up(i, cands, stats)
+                if not cands:
+                    continue
+            nxt = _Batch(i, cands, t_search, stats)
             if pending is not None:
                 # batch k: commit it; then batch k+1 goes to the measurer (unless the budget or its task ended
                 # meanwhile) before the cost model learns batch k
@@ -620,6 +697,8 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
                     stop = why
                     break
                 continue
+            if trial0 is not None:
+                settle_defaults()
             pending = submit(nxt)
             if not pipelined:
                 flush()
@@ -630,6 +709,8 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
         ctrl_c.__exit__()
         if pending is not None and pending.job is not None:   # lost: it was never committed
             pending.job.abandon(measurer)
+        if trial0 is not None:
+            trial0[1].abandon(measurer)
         for sched_param, interval, _ in restore:
             _restore_search(sched_param, interval)
         prog.close()

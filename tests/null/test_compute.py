@@ -335,3 +335,35 @@ def test_simplify_index():
     assert bounds(simplify_index((i + 3) % 2, ext), ext) == (0, 1)
     # unknown sign: kept
     assert "/" in str(simplify_index((i - 2) // 2, ext))
+
+
+@pytest.mark.parametrize("name,suffix", [("matmul", "hlo"), ("batch_matmul", "hlo"), ("mlp_train_step", "hlo"),
+                                         ("dense_bias_relu", "hlo"), ("transformer_block", "hlo")])
+def test_dot_fast_path_equals_grid_path(name, suffix, monkeypatch):
+    """Dot-like stages are evaluated by one float64 einsum; the grid path (exact float64 products, float64 sum)
+    gives the same float32 results, and the fast path is taken for at least one stage of every such model."""
+    import hlotune.ir.compute_eval as ce
+
+    prog = fuse(optimize(parse_hlo((MODELS / name / f"{name}.{suffix}").read_text())))
+    taken = []
+    orig = ce._sum_of_products
+
+    def spy(stage, bufs):
+        out = orig(stage, bufs)
+        taken.append(out is not None)
+        return out
+
+    for sg in prog.subgraphs:
+        comp = sg.computation
+        cd = compute_definition(comp, prog.module)
+        if _work(cd) > 3e7:
+            continue
+        args = _random_args(comp, 1)
+        monkeypatch.setattr(ce, "_sum_of_products", spy)
+        fast = evaluate_compute(cd, args)
+        monkeypatch.setattr(ce, "_sum_of_products", lambda stage, bufs: None)
+        slow = evaluate_compute(cd, args)
+        for f, s in zip(fast, slow):
+            assert f.dtype == s.dtype and f.shape == s.shape
+            np.testing.assert_allclose(f, s, rtol=2e-7, atol=1e-30)
+    assert any(taken)

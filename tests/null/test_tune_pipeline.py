@@ -57,12 +57,11 @@ class OverlapMeasurer(SyntheticMeasurer):
     def measure_batch(self, inputs):
         self.threads.append(threading.current_thread().name)
         out = super().measure_batch(inputs)
-        if self.proposals["n"]:   # a round's batch (not the defaults, measured before any search)
-            k = len(self.overlapped) + 1
-            t_end = time.monotonic() + self.WAIT
-            while self.proposals["n"] <= k and time.monotonic() < t_end:
-                time.sleep(0.005)
-            self.overlapped.append(self.proposals["n"] > k)
+        k = len(self.threads)   # the defaults (k = 1) overlap the first round's search, batch j its round j + 1's
+        t_end = time.monotonic() + self.WAIT
+        while self.proposals["n"] < k and time.monotonic() < t_end:
+            time.sleep(0.005)
+        self.overlapped.append(self.proposals["n"] >= k)
         return out
 
 
@@ -70,11 +69,11 @@ def test_pipelined_run_searches_while_measuring(model, tmp_path, proposals):
     path = str(tmp_path / "p.db")
     meas = OverlapMeasurer(proposals)
     rep = _tune(model, open_database(path), meas, trials=49, confirm=0, pipeline="on")
-    # 1 default + 3 batches of 16; batches 1 and 2 overlapped the search of the next; after batch 3 the budget
-    # is spent, so nothing more is searched (nor measured)
+    # 1 default + 3 batches of 16; the default (one task) overlapped the first round's search, batches 1 and 2 the
+    # search of the next; after batch 3 the budget is spent, so nothing more is searched (nor measured)
     assert rep.pipelined and rep.total_trials == rep.trials == 49
-    assert meas.overlapped == [True, True, False] and proposals["n"] == 3
-    assert meas.threads == ["MainThread"] + ["hlotune-measure"] * 3
+    assert meas.overlapped == [True, True, True, False] and proposals["n"] == 3
+    assert meas.threads == ["hlotune-measure"] * 4
     assert len(meas.seen) == len(set(meas.seen)) == 49 and sorted(_keys(path)) == sorted(meas.seen)
 
 
@@ -107,8 +106,9 @@ def test_seeded_pipelined_runs_propose_the_same_candidates(model, tmp_path):
     assert runs[0] == runs[1] and len(set(runs[0])) == 49
     seq = SyntheticMeasurer()
     _tune(model, open_database(str(tmp_path / "seq.db")), seq, trials=33, seed=7, cost_model=_learned(), pipeline="off")
-    # the first round is the same (nothing learnt yet either way); later rounds learn one batch later
-    assert seq.seen[:17] == runs[0][:17]
+    # the default schedule is the first trial either way; pipelined (one task), the first round is searched while
+    # the default is measured, so it cannot seed that round's population, and later rounds learn one batch later
+    assert seq.seen[0] == runs[0][0] and len(set(seq.seen)) == 33
 
 
 class SlowMeasurer(SyntheticMeasurer):
@@ -276,3 +276,72 @@ def test_search_beside_measurement_leaves_real_time_priority_and_restores_it():
     assert sys.getswitchinterval() == min(interval, PIPELINE_SWITCH_INTERVAL)
     _restore_search(*old[:2])
     assert sys.getswitchinterval() == interval
+
+
+# ----------------------------------------------------------------------------- first round in parts (tune_warmup)
+
+class SizesMeasurer(SyntheticMeasurer):
+    """Synthetic costs; notes the size of every batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def measure_batch(self, inputs):
+        self.sizes.append(len(inputs))
+        return super().measure_batch(inputs)
+
+
+def _pretrained(model):
+    """A trained (ranking) model, as a loaded pretrained one is."""
+    import random
+
+    from hlotune.schedule_space.task import tasks_from_subgraphs
+    from hlotune.search.space import TaskSpace, sample_random
+    from tests.null.test_search import TARGET, synthetic_cost
+
+    space = TaskSpace(tasks_from_subgraphs(model.frontend.subgraphs, TARGET)[0])
+    cm = _learned()
+    scheds = sample_random(space, random.Random(5), 64)
+    cm.fit([(space.task, s, (synthetic_cost(s),) * 3) for s in scheds])
+    cm.pretrained = True
+    assert cm.trained
+    return cm
+
+
+@pytest.mark.parametrize("pipeline", ["off", "on"])
+def test_first_round_is_measured_in_parts_and_reranked(model, tmp_path, monkeypatch, pipeline):
+    learnt = []
+    original = EvolutionarySearch.rerank
+
+    def rerank(self, n, measured, rng):
+        learnt.append(len(self.model.samples))
+        out = original(self, n, measured, rng)
+        # the model as it is now ranks what comes back (the eps-greedy random tail aside)
+        from hlotune.search.evolutionary import score
+        head = out[: n - int(round(self.eps_greedy * n))]
+        sc = score(self.space, self.model, head, self.cache)
+        assert all(a >= b for a, b in zip(sc, sc[1:]))
+        return out
+
+    monkeypatch.setattr(EvolutionarySearch, "rerank", rerank)
+    meas = SizesMeasurer()
+    cm = _pretrained(model)
+    n0 = len(cm.samples)
+    rep = _tune(model, open_database(str(tmp_path / "w.db")), meas, trials=65, batch_size=64, confirm=0,
+                cost_model=cm, pipeline=pipeline)
+    assert meas.sizes == [1, 16, 16, 32] and rep.total_trials == 65
+    assert len(meas.seen) == len(set(meas.seen)) == 65
+    # each re-ranking came after the model had learnt the default and the parts before it
+    assert learnt == [n0 + 17, n0 + 33]
+
+
+def test_first_round_in_one_piece_when_off_or_cold(model, tmp_path, monkeypatch):
+    meas = SizesMeasurer()
+    _tune(model, open_database(str(tmp_path / "cold.db")), meas, trials=65, batch_size=64, confirm=0)
+    assert meas.sizes == [1, 64]   # a cold (random) model does not rank: nothing to re-rank with
+    monkeypatch.setenv("HLOTUNE_TUNE_WARMUP", "0")
+    meas = SizesMeasurer()
+    _tune(model, open_database(str(tmp_path / "off.db")), meas, trials=65, batch_size=64, confirm=0,
+          cost_model=_pretrained(model))
+    assert meas.sizes == [1, 64]
