@@ -182,6 +182,23 @@ EW_VARIANTS = {"per1/t256 (default)": {"per": 1, "threads": 256}, "per2/t256": {
                "sin: double reduction, library call inline": {"flags": {"SIN_FLOAT_REDUCTION": False,
                                                                         "SIN_HUGE_CALL": False}},
                "sin: float reduction, library call inline": {"flags": {"SIN_HUGE_CALL": False}}}
+#: GEMM-bound subgraph variants (`--variants gemm`): (model, subgraph, label, schedule options, codegen flags); the
+#: first of each subgraph is the code before the implicit-GEMM template; conv tiles (MH, MW, TH, TW, NR, TJ, BK),
+#: dot tiles (MR, NR, TI, TJ, BK)
+GEMM_VARIANTS = [
+    ("conv2d_bias_relu", "max.3", "before (generic, no template)", {"implicit_gemm": False}, {}),
+    ("conv2d_bias_relu", "max.3", "implicit GEMM, default", {}, {}),
+    ("conv2d_bias_relu", "max.3", "register tiles, template off", {}, {"IGEMM_TEMPLATE": False}),
+    ("conv2d_bias_relu", "max.3", "8x8 px: 1x8/8x1x16/nr4/bk16", {"conv_tiles": (1, 8, 8, 1, 4, 16, 16)}, {}),
+    ("conv2d_bias_relu", "max.3", "2x56 px: 1x8/2x7x16/nr4/bk32", {"conv_tiles": (1, 8, 2, 7, 4, 16, 32)}, {}),
+    ("conv2d_bias_relu", "max.3", "2x56 px: 1x8/2x7x16/nr4/bk8", {"conv_tiles": (1, 8, 2, 7, 4, 16, 8)}, {}),
+    ("conv2d_bias_relu", "max.3", "4x8 px: 1x8/4x1x16/nr4/bk32", {"conv_tiles": (1, 8, 4, 1, 4, 16, 32)}, {}),
+    ("transformer_block", "dot_general.9", "before (shared stages, generic)", {"implicit_gemm": False}, {}),
+    ("transformer_block", "dot_general.9", "implicit GEMM, default", {}, {}),
+    ("transformer_block", "dot_general.9", "4x4/8x32/bk16", {"tiles": (4, 4, 8, 32, 16)}, {}),
+    ("mlp_train_step", "sub.20", "before (shared stages, generic)", {"implicit_gemm": False}, {}),
+    ("mlp_train_step", "sub.20", "implicit GEMM, default", {}, {}),
+]
 SMS = 132
 TORCH_MODELS: set | None = None    # --torch-models: only these get torch.compile
 MODELS_TORCH = {
@@ -248,6 +265,91 @@ def matmul_variants(n: int, torch, log, cublas: float | None) -> list[dict]:
         except Exception as e:
             r = {"n": n, "variant": label, "error": f"{type(e).__name__}: {e}"[:400]}
             log(f"  matmul {n} {label}: ERROR {r['error'][:200]}")
+        out.append(r)
+    return out
+
+
+def _variant_kernel(cd, name: str, opts: dict, flags: dict, build):
+    import hlotune.codegen.cuda as cuda_gen
+    import hlotune.codegen.cuda_runtime as rt
+    from hlotune.schedule_space.default_gpu import default_gpu_schedule
+    from hlotune.schedule_space.lower import lower
+
+    old = {k: getattr(cuda_gen, k) for k in flags}
+    rt._KCACHE.clear()
+    for k, v in flags.items():
+        setattr(cuda_gen, k, v)
+    try:
+        return build(lower(cd, default_gpu_schedule(cd, options=dict(opts)), name=name))
+    finally:
+        for k, v in old.items():
+            setattr(cuda_gen, k, v)
+        rt._KCACHE.clear()
+
+
+def _gemm_subgraph(model: str, name: str):
+    import hlotune
+    from tests.conftest import model_path
+
+    return next(sg for sg in hlotune.load_model(model_path(model, "bench.hlo")).frontend.subgraphs if sg.name == name)
+
+
+def _conv_reference(torch, x, w, b):
+    """conv2d_bias_relu in torch (NHWC input, HWIO filter, padding 1, no TF32), NHWC out."""
+    torch.backends.cudnn.allow_tf32 = False
+    y = torch.nn.functional.conv2d(x.permute(0, 3, 1, 2), w.permute(3, 2, 0, 1), b, padding=1)
+    return torch.relu(y).permute(0, 2, 3, 1).contiguous()
+
+
+def gemm_variants(torch, log) -> list[dict]:
+    """The GEMM-bound subgraphs of GEMM_VARIANTS: each variant built, checked (the conv against torch's conv2d
+    without TF32, the others against `evaluate_compute`) and timed (TFLOP/s of the tiled reduction)."""
+    from hlotune.codegen.cuda_runtime import build_cuda
+    from hlotune.ir.compute import constant_values
+    from hlotune.ir.compute_eval import evaluate_compute
+    from hlotune.schedule_space.default_gpu import _is_tiled_reduction
+
+    out = []
+    cache: dict = {}
+    for model, name, label, opts, flags in GEMM_VARIANTS:
+        r: dict = {"model": model, "subgraph": name, "variant": label}
+        try:
+            if (model, name) not in cache:
+                sg = _gemm_subgraph(model, name)
+                cd = sg.workload.compute
+                rng = np.random.default_rng(0)
+                k = len(sg.computation.parameters)
+                args = [(rng.standard_normal(b.shape) * 0.5).astype(b.dtype.np) for b in cd.inputs[:k]]
+                consts = constant_values(cd)
+                d_in = [torch.from_numpy(np.ascontiguousarray(x)).cuda()
+                        for x in args + [consts[b.name] for b in cd.inputs[k:]]]
+                if model == "conv2d_bias_relu":
+                    want = [_conv_reference(torch, *d_in).cpu().numpy()]
+                else:
+                    want = evaluate_compute(cd, args)
+                red = next(st for st in cd.stages if _is_tiled_reduction(st))
+                flops = 2 * int(np.prod(red.shape)) * int(np.prod([a.extent for a in red.reduce_axes]))
+                cache[(model, name)] = (sg, cd, d_in, want, flops)
+            sg, cd, d_in, want, flops = cache[(model, name)]
+            kern = _variant_kernel(cd, sg.name, opts, flags, build_cuda)
+            d_out = [torch.full(w.shape, float("nan"), device="cuda") for w in want]
+            kern(*d_in, *d_out)
+            torch.cuda.synchronize()
+            err = max(float(np.linalg.norm(o.cpu().numpy().astype(np.float64) - w)
+                            / max(np.linalg.norm(w.astype(np.float64)), 1e-30)) for o, w in zip(d_out, want))
+            t = float(np.median(kern.time(*d_in, *d_out, min_time=0.05, repeat=3)))
+            r.update({"us": t * 1e6, "tflops": flops / t / 1e12, "rel_err": err,
+                      "template": ("implicit" if "implicit-GEMM template" in kern.text
+                                   else "gemm" if "GEMM template" in kern.text else ""),
+                      "resources": _resources(kern)})
+            rs = r["resources"][0]
+            log(f"  {model}/{name} {label}: {t * 1e6:.1f} us, {r['tflops']:.1f} TFLOP/s, rel err {err:.1e}, "
+                f"template {r['template']!r}, regs {rs['regs']}, local {rs['local_bytes']}, launch {rs['grid']} x "
+                f"{rs['block']}")
+        except Exception as e:
+            r["error"] = f"{type(e).__name__}: {e}"[:400]
+            log(f"  {model}/{name} {label}: ERROR {r['error'][:300]}")
+            traceback.print_exc()
         out.append(r)
     return out
 
@@ -617,10 +719,28 @@ def precompile(log) -> int:
     for _, sg in _row_subgraphs():
         for opts, flags in ROW_VARIANTS.values():
             _row_kernel(sg.workload.compute, sg.name, opts, flags, add)
+    for model, name, _, opts, flags in GEMM_VARIANTS:
+        sg = _gemm_subgraph(model, name)
+        _variant_kernel(sg.workload.compute, sg.name, opts, flags, add)
     for name in list(MODEL_NAMES) + MODEL_EXTRA:
         base, kind = _model_file(name)
         m = hlotune.load_model(str(model_path(base, kind)))
         for sg in m.frontend.subgraphs:
+            choice = choose_schedule(sg.workload, None, tgt)
+            add(lower(sg.workload.compute, choice.steps, name=_kernel_name(sg.name)))
+    # the GPU tests' kernels at test size: default and random schedules of every distinct subgraph, whole models
+    from tests.conftest import distinct_subgraphs
+    rng = np.random.default_rng(11)
+    for _, sg in distinct_subgraphs():
+        cd = sg.workload.compute
+        add(lower(cd, default_gpu_schedule(cd), name=sg.name))
+        for _ in range(2):
+            add(lower(cd, default_gpu_schedule(cd, rng=rng), name=sg.name))
+    from tests.gpu.test_cuda_run import implicit_gemm_cases
+    for _, sg, steps in implicit_gemm_cases():
+        add(lower(sg.workload.compute, steps, name=sg.name))
+    for name in MODEL_NAMES:
+        for sg in hlotune.load_model(str(model_path(name))).frontend.subgraphs:
             choice = choose_schedule(sg.workload, None, tgt)
             add(lower(sg.workload.compute, choice.steps, name=_kernel_name(sg.name)))
     log(f"precompile: {len(texts)} kernels")
@@ -656,7 +776,8 @@ def main() -> int:
     ap.add_argument("--precompile", action="store_true",
                     help="no GPU: compile every default kernel of this script into the local cubin cache")
     ap.add_argument("--torch-models", default=None, help="comma-separated models timed with torch.compile too")
-    ap.add_argument("--variants", default="matmul,ew", help="comma-separated variant groups: matmul, ew, row")
+    ap.add_argument("--variants", default="matmul,ew",
+                    help="comma-separated variant groups: matmul, ew, row, gemm (GEMM-bound subgraphs)")
     ap.add_argument("--models", default=None, help="comma-separated models (default: all fixtures + MODEL_EXTRA)")
     ap.add_argument("--torch-only", default=None, metavar="MODELS",
                     help="only ours vs torch.compile for these models (comma-separated; '' = all of MODELS_TORCH)")
@@ -720,6 +841,8 @@ def main() -> int:
             res["row_variants"] = row_variants(torch, res["copy_gbs"], log)
         if time.time() < deadline + 30 and "ew" in groups:
             res["elementwise_variants"] = elementwise_variants(torch, res["copy_gbs"], log)
+        if "gemm" in groups:
+            res["gemm_variants"] = gemm_variants(torch, log)
     (out / "gpu_session.json").write_text(json.dumps(res, indent=1, default=str))
     if not args.skip_tests:
         res["tests"] = run_tests(out, max(60.0, t_start + args.budget + 200 - time.time()))
@@ -756,6 +879,16 @@ def main() -> int:
             if "error" not in r:
                 md.append(f"| {r['n']} {r['variant']} | {r['gflops']:.0f} | {100 * (r['of_cublas'] or 0):.0f} | "
                           f"{r['resources'][0]['regs']} | {r['resources'][0]['local_bytes']} |")
+    if res.get("gemm_variants"):
+        md += ["", "| GEMM-bound subgraph variant | us | TFLOP/s | rel err | template | regs | launch |",
+               "|---|---|---|---|---|---|---|"]
+        for r in res["gemm_variants"]:
+            if "error" in r:
+                md.append(f"| {r['model']}/{r['subgraph']} {r['variant']} | error | | {r['error'][:80]} | | | |")
+            else:
+                rs = r["resources"][0]
+                md.append(f"| {r['model']}/{r['subgraph']} {r['variant']} | {r['us']:.1f} | {r['tflops']:.1f} | "
+                          f"{r['rel_err']:.1e} | {r['template']} | {rs['regs']} | {rs['grid']} x {rs['block']} |")
     if res.get("elementwise_variants"):
         md += ["", "| elementwise variant | us | GB/s | % copy |", "|---|---|---|---|"]
         for r in res["elementwise_variants"]:

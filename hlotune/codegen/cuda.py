@@ -14,6 +14,12 @@ Map:
   _gemm_info / gemm_text    the GEMM template: a K-tile loop proven (by evaluating its index expressions) to be the
                             tiled dot of the default schedule becomes double-buffered shared tiles, float4 global
                             loads, A transposed in shared memory, one barrier per K tile (`GEMM_TEMPLATE`)
+  _igemm_info / igemm_text  the implicit-GEMM template: a register-tiled K-tile loop without shared stages whose
+                            operands are proven to depend on the thread only through tid / TJ (A) and tid % TJ (B)
+                            (a conv reading through an inlined pad, NT / TN dots) gets cooperative shared tiles
+                            evaluated from the operand expressions themselves (float4 where `_lane_form` proves it,
+                            affine offsets where evaluation proves them), double-buffered (`IGEMM_TEMPLATE`);
+                            `igemm_loop_nest` writes what it computes as loop IR (CPU checks)
   _vector_access            affine lane analysis: float4/float2 accesses of a VECTORIZED loop (`vector_store`)
   _Emitter                  statements and expressions -> C text (helpers in PRELUDE); a serial combine loop
                             `B[I] = B[I] op E(v)` at a uniform point (what thread 0 alone would run) becomes
@@ -70,8 +76,25 @@ import struct
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+import numpy as np
+
 from ..errors import CompileError
-from ..ir.expr import INDEX, Binary, Cast, Compare, Const, Expr, Load, Select, Unary, Var, rebuild, substitute, walk
+from ..ir.expr import (
+    INDEX,
+    Binary,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    Load,
+    Select,
+    Unary,
+    Var,
+    children,
+    rebuild,
+    substitute,
+    walk,
+)
 from ..ir.hlo import DType, Op
 from ..schedule_space.loop_ir import (
     Allocate,
@@ -594,7 +617,7 @@ class _Emitter:
         self.locals: set[str] = set()
         self.if_depth = 0         # > 0 under an If (no block-wide barrier may be emitted there)
         self.n_xred = 0           # cross-thread reductions emitted (unique names)
-        self.gemms: dict[str, _Gemm] = {}   # loop var -> GEMM template (`_gemm_loops`)
+        self.gemms: dict[str, _Gemm | _IGemm] = {}   # loop var -> GEMM template (`_gemm_loops`)
         self.n_vec = 0            # vectorized stores emitted (unique names)
 
     def line(self, depth: int, text: str) -> None:
@@ -651,6 +674,12 @@ class _Emitter:
         if s.kind is ForKind.VECTORIZED and self.vector_store(s, d, bb, bt):
             return
         g = self.gemms.get(s.var.name)
+        if isinstance(g, _IGemm):
+            for ln in igemm_text(g, sanitize(g.acc), self.expr,
+                                 lambda ld: self.offset(self._decl(ld.buffer), ld.indices),
+                                 lambda b: self._decl(b).shape):
+                self.line(d, ln)
+            return
         if g is not None:
             acc, a, b = (sanitize(x) for x in (g.acc, g.a, g.b))
             for ln in gemm_text(g, acc, a, b):
@@ -1269,6 +1298,8 @@ def _lane_form(e: Expr, v: str, nv: int) -> tuple[Expr, int] | None:
         c = int(e.b.value)
         if a[1] == 1 and c % nv == 0 and _mult(a[0]) % nv == 0:
             return Binary(op, a[0], e.b, INDEX), (0 if op is Op.DIVIDE else 1)
+    if op in (Op.MINIMUM, Op.MAXIMUM) and a[1] == 0 and b[1] == 0:   # a clamp of lane-invariant values
+        return Binary(op, a[0], b[0], INDEX), 0
     return None
 
 
@@ -1580,6 +1611,450 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     return o
 
 
+# ----------------------------------------------------------------------------- implicit-GEMM template
+
+#: the implicit-GEMM template replaces the generic code of a matching register-tiled K-tile loop that has no
+#: shared fetch stages (a convolution reading through an inlined pad: its A operand is an expression of the
+#: output pixel and k, evaluated on the fly by the cooperative fetch); benchmarks switch it off to compare
+IGEMM_TEMPLATE = True
+_KX, _P, _Q, _C, _G, _V = (Var(n, INDEX) for n in ("hl_kx", "hl_p", "hl_q", "hl_c", "hl_g", "hl_v"))
+
+
+@dataclass(frozen=True)
+class _IGemm:
+    """What the implicit-GEMM template needs of one K-tile loop (see `_igemm_info`): the operands as expressions
+    of their tile position (A over hl_p, hl_q; B over hl_q, hl_c; both over the K tile hl_kx and the block
+    variables), each fetched with float4 loads along `a_fast` / `b_fast` when `a_vec` / `b_vec`."""
+
+    acc: str
+    kt: int
+    bm: int
+    bn: int
+    bk: int
+    mr: int
+    nr: int
+    threads: int
+    tj: int
+    a: Expr
+    b: Expr
+    a_fast: str     # "q" (consecutive k) or "o" (consecutive rows)
+    a_vec: bool
+    b_fast: str     # "o" (consecutive columns) or "q"
+    b_vec: bool
+    tid: str = ""   # the thread loop's variable and the accumulator's shape (`igemm_loop_nest`)
+    acc_shape: tuple[int, ...] = ()
+
+    @property
+    def shared_bytes(self) -> int:
+        return 4 * 2 * self.bk * (self.bm + 4 + self.bn)
+
+
+def _digits(loops: list[For], x: Expr) -> dict[str, Expr]:
+    """Loop var -> its digit of the row-major combined index `x` over `loops` (nest order)."""
+    out: dict[str, Expr] = {}
+    inner = 1
+    for f in reversed(loops):
+        d = x if inner == 1 else Binary(Op.DIVIDE, x, Const(inner, INDEX), INDEX)
+        out[f.var.name] = d if f is loops[0] else Binary(Op.REMAINDER, d, Const(int(f.const_extent), INDEX), INDEX)
+        inner *= int(f.const_extent)
+    return out
+
+
+def _digit_values(loops: list[For], x: int) -> dict[str, int]:
+    out = {}
+    for f in reversed(loops):
+        x, out[f.var.name] = divmod(x, int(f.const_extent))
+    return out
+
+
+def _tid_uses(e: Expr, tid: str, op: Op, bare: int) -> list[int]:
+    """The constants c of every `tid / c` (op DIVIDE) or `tid % c` (REMAINDER) in `e`; `bare` for every other
+    occurrence of the thread variable (tid = tid / 1 = tid % T)."""
+    cs: list[int] = []
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if (isinstance(x, Binary) and x.op is op and isinstance(x.a, Var) and x.a.name == tid
+                and isinstance(x.b, Const) and int(x.b.value) > 0):
+            cs.append(int(x.b.value))
+            continue
+        if isinstance(x, Var) and x.name == tid:
+            cs.append(bare)
+        stack.extend(children(x))
+    return cs
+
+
+def _replace_tid(e: Expr, tid: str, op: Op, by: Expr, tj: int) -> Expr:
+    """`tid / c` -> by / (c / TJ) (op DIVIDE: `by` is tid / TJ, TJ divides c) or `tid % c` -> by % c (REMAINDER:
+    `by` is tid % TJ, c divides TJ); a bare tid -> by (DIVIDE: TJ is 1; REMAINDER: TJ is T)."""
+    def fn(x: Expr) -> Expr:
+        if (isinstance(x, Binary) and x.op is op and isinstance(x.a, Var) and x.a.name == tid
+                and isinstance(x.b, Const)):
+            c = int(x.b.value) // tj if op is Op.DIVIDE else int(x.b.value)
+            if (op is Op.DIVIDE and c == 1) or (op is Op.REMAINDER and c == tj):
+                return by
+            return Binary(op, by, Const(c, INDEX), INDEX)
+        return x
+    return substitute(rebuild(e, fn), {tid: by})
+
+
+def _cond_lane_invariant(c: Expr, v: str) -> bool:
+    """`c` has the same value for every lane v in [0, 4): its index compares are of lane-invariant operands."""
+    if v not in _vars(c):
+        return True
+    if isinstance(c, Compare):
+        fa, fb = _lane_form(c.a, v, 4), _lane_form(c.b, v, 4)
+        return fa is not None and fb is not None and fa[1] == 0 and fb[1] == 0
+    if isinstance(c, Binary) and c.dtype is DType.PRED and c.op in (Op.AND, Op.OR):
+        return _cond_lane_invariant(c.a, v) and _cond_lane_invariant(c.b, v)
+    if isinstance(c, Unary) and c.op is Op.NOT:
+        return _cond_lane_invariant(c.a, v)
+    return False
+
+
+def _vector_operand(e: Expr) -> tuple[Expr | None, Load, Expr | None] | None:
+    """(cond, load, other) of `select(cond, load, other const)` or (None, load, None) of a plain load."""
+    if isinstance(e, Load):
+        return None, e, None
+    if isinstance(e, Select) and isinstance(e.t, Load) and isinstance(e.f, Const):
+        return e.cond, e.t, e.f
+    return None
+
+
+def _vec_ok(e: Expr, var: Var, bufs: dict) -> bool:
+    """With `var` = 4 g + v (g any group, v the lane in [0, 4)), `e` is a float32 load (through a select whose
+    condition is the same for every lane, other value a constant) of 4 consecutive elements, the first a multiple
+    of 4 (a float4 load, given 16-byte aligned buffers)."""
+    x = substitute(e, {var.name: Binary(Op.ADD, Binary(Op.MULTIPLY, _G, Const(4, INDEX), INDEX), _V, INDEX)})
+    parts = _vector_operand(x)
+    if parts is None:
+        return False
+    cond, ld, _ = parts
+    d = bufs.get(ld.buffer)
+    if d is None or d.scope != "global" or d.dtype is not DType.F32:
+        return False
+    acc = _vector_access(ld.indices, d.shape, _V.name, 4)
+    return acc is not None and acc[1] == 1 and (cond is None or _cond_lane_invariant(cond, _V.name))
+
+
+def _igemm_info(s: For, bufs: dict, plan: _KernelPlan, bids: list[str], tid: str,
+                written: set[str]) -> _IGemm | None:
+    """The implicit-GEMM template's parameters when the serial loop `s` (under block and thread loops only, in a
+    1-D grid of 1-D blocks of T threads) is a register-tiled K-tile loop: loops over q (the K step: BK), i (rows:
+    MR) and j (columns: NR) around the one store acc[I(i, j)] = acc[I(i, j)] + A * B, where acc is the thread's
+    local float32 tile with I(i, j) = i * NR + j (checked over all (i, j)), A reads only the block variables, s,
+    q, i and the thread variable as `tid / c` (c a multiple of TJ), B only the block variables, s, q, j and
+    `tid % c` (c dividing TJ), both read global buffers the kernel does not write.  A then depends on the thread
+    only through tid / TJ and B through tid % TJ (exactly), so a block's (BM = T / TJ * MR, BK) tile of A and
+    (BK, BN = TJ * NR) tile of B can be fetched cooperatively (each element evaluated once, at the iteration that
+    reads it) and the sums taken in the same order."""
+    if not IGEMM_TEMPLATE or plan.stride_x or plan.block[1:] != [1, 1] or plan.grid[1:] != [1, 1]:
+        return None
+    if s.kind is not ForKind.SERIAL or s.const_extent is None or not (isinstance(s.min, Const) and s.min.value == 0):
+        return None
+    try:
+        if any(isinstance(a, Allocate | Barrier) for a in walk_stmts(s.body)):
+            return None
+        paths = list(_store_paths(s.body))
+    except _NoMatch:
+        return None
+    if len(paths) != 1:
+        return None
+    st, cloops = paths[0]
+    v = st.value
+    acc = bufs.get(st.buffer)
+    if not (acc is not None and acc.scope == "local" and acc.dtype is DType.F32 and isinstance(v, Binary)
+            and v.op is Op.ADD and isinstance(v.a, Load) and v.a.buffer == st.buffer and v.a.indices == st.indices
+            and isinstance(v.b, Binary) and v.b.op is Op.MULTIPLY and v.b.dtype is DType.F32):
+        return None
+    cvars = [f.var.name for f in cloops]
+    avars = set().union(*(_vars(x) for x in st.indices)) if st.indices else set()
+    if not avars <= set(cvars) or len(set(cvars)) != len(cvars):
+        return None
+    for x, y in ((v.b.a, v.b.b), (v.b.b, v.b.a)):
+        g = _igemm_try(s, x, y, st, acc, cloops, avars, bufs, plan, bids, tid, written)
+        if g is not None:
+            return g
+    return None
+
+
+def _igemm_try(s: For, a: Expr, b: Expr, st: Store, acc, cloops: tuple[For, ...], avars: set[str], bufs: dict,
+               plan: _KernelPlan, bids: list[str], tid: str, written: set[str]) -> _IGemm | None:
+    va, vb = _vars(a), _vars(b)
+    rows = [f for f in cloops if f.var.name in avars and f.var.name in va and f.var.name not in vb]
+    cols = [f for f in cloops if f.var.name in avars and f.var.name in vb and f.var.name not in va]
+    ks = [f for f in cloops if f.var.name not in avars]
+    if not ks or len(rows) + len(cols) != len(avars):
+        return None
+    common = set(bids) | {tid, s.var.name}
+    rv, cv, kv = ({f.var.name for f in x} for x in (rows, cols, ks))
+    if not va <= common | rv | kv or not vb <= common | cv | kv:
+        return None
+    for e in (a, b):
+        for ld in walk(e):
+            if isinstance(ld, Load):
+                d = bufs.get(ld.buffer)
+                if d is None or d.scope != "global" or ld.buffer in written:
+                    return None
+    t = plan.block[0]
+    ca, cb = _tid_uses(a, tid, Op.DIVIDE, 1), _tid_uses(b, tid, Op.REMAINDER, t)
+    tj = math.lcm(*cb) if cb else 1
+    if t % tj or any(c % tj for c in ca):
+        return None
+    mr, nr, bk = (math.prod(int(f.const_extent) for f in x) for x in (rows, cols, ks))
+    if math.prod(acc.shape) != mr * nr:
+        return None
+    for i in range(mr):    # the register tile: acc[I(i, j)] is element i * NR + j
+        for j in range(nr):
+            env = {**_digit_values(rows, i), **_digit_values(cols, j)}
+            if _flat([_ival(x, env) for x in st.indices], acc.shape) != i * nr + j:
+                return None
+    bm, bn = t // tj * mr, tj * nr
+    kx = {s.var.name: _KX}
+    ea = _replace_tid(substitute(a, {**kx, **_digits(rows, Binary(Op.REMAINDER, _P, Const(mr, INDEX), INDEX)),
+                                     **_digits(ks, _Q)}),
+                      tid, Op.DIVIDE, Binary(Op.DIVIDE, _P, Const(mr, INDEX), INDEX), tj)
+    eb = _replace_tid(substitute(b, {**kx, **_digits(cols, Binary(Op.REMAINDER, _C, Const(nr, INDEX), INDEX)),
+                                     **_digits(ks, _Q)}),
+                      tid, Op.REMAINDER, Binary(Op.DIVIDE, _C, Const(nr, INDEX), INDEX), tj)
+    a_fast, a_vec = "q", False
+    if bk % 4 == 0 and _vec_ok(ea, _Q, bufs):
+        a_vec = True
+    elif bm % 4 == 0 and _vec_ok(ea, _P, bufs):
+        a_fast, a_vec = "o", True
+    b_fast, b_vec = "o", False
+    if bn % 4 == 0 and _vec_ok(eb, _C, bufs):
+        b_vec = True
+    elif bk % 4 == 0 and _vec_ok(eb, _Q, bufs):
+        b_fast, b_vec = "q", True
+    g = _IGemm(st.buffer, int(s.const_extent), bm, bn, bk, mr, nr, t, tj, ea, eb, a_fast, a_vec, b_fast, b_vec,
+               tid, tuple(acc.shape))
+    return g if g.shared_bytes <= STATIC_SHARED_LIMIT else None
+
+
+def _igemm_as_loops(g: _IGemm) -> Stmt:
+    """The loop nest the implicit-GEMM template computes for one thread, as loop IR: for every K tile, k step, row
+    i and column j, acc[i * NR + j] += A(p, q) * B(q, c) with the template's operand expressions at p = (tid /
+    TJ) * MR + i, c = (tid % TJ) * NR + j (what the thread reads from the shared tiles), in the same order."""
+    kx, q, i, j = (Var(n, INDEX) for n in ("hl_kx", "hl_q", "hl_i", "hl_j"))
+    tid = Var(g.tid, INDEX)
+
+    def ic(v: int) -> Const:
+        return Const(v, INDEX)
+
+    p = Binary(Op.ADD, Binary(Op.MULTIPLY, Binary(Op.DIVIDE, tid, ic(g.tj), INDEX), ic(g.mr), INDEX), i, INDEX)
+    c = Binary(Op.ADD, Binary(Op.MULTIPLY, Binary(Op.REMAINDER, tid, ic(g.tj), INDEX), ic(g.nr), INDEX), j, INDEX)
+    flat = Binary(Op.ADD, Binary(Op.MULTIPLY, i, ic(g.nr), INDEX), j, INDEX)
+    idx, inner = [], 1
+    for n in reversed(g.acc_shape):
+        d = flat if inner == 1 else Binary(Op.DIVIDE, flat, ic(inner), INDEX)
+        idx.append(Binary(Op.REMAINDER, d, ic(n), INDEX))
+        inner *= n
+    idx_t = tuple(reversed(idx))
+    prod = Binary(Op.MULTIPLY, substitute(g.a, {_P.name: p}), substitute(g.b, {_C.name: c}), DType.F32)
+    body: Stmt = Store(g.acc, idx_t, Binary(Op.ADD, Load(g.acc, idx_t, DType.F32), prod, DType.F32))
+    for v, n in ((j, g.nr), (i, g.mr), (q, g.bk), (kx, g.kt)):
+        body = For(v, ic(0), ic(n), ForKind.SERIAL, body)
+    return body
+
+
+def igemm_loop_nest(func: LoopFunc) -> tuple[LoopFunc, int]:
+    """(`func` with every K-tile loop that the implicit-GEMM template replaces rewritten as the loop nest the
+    template computes (`_igemm_as_loops`), how many): run through the loop-IR interpreter, this checks the
+    template's operand expressions and register mapping on the CPU."""
+    temps: list[Allocate] = []
+    found: dict[str, _IGemm] = {}
+    kernels = _split_kernels(func.body, temps)
+    params = {b.name: b for b in func.params}
+    params.update({a.buffer: BufferDecl(a.buffer, a.shape, a.dtype, "global") for a in temps})
+    for k, kern in enumerate(kernels):
+        scal: dict = {n.buffer: params[n.buffer] for n in temps}
+        scal.update({a.buffer: a for a in walk_stmts(kern) if isinstance(a, Allocate)})
+        kern = _scalarize(kern, scal)
+        plan = _plan(kern, f"k{k}")
+        kern = _sync(kern, plan, f"k{k}")
+        found.update({v: g for v, g in _gemm_loops(kern, params, plan).items() if isinstance(g, _IGemm)})
+
+    def rw(s: Stmt) -> Stmt:
+        if isinstance(s, For):
+            if s.var.name in found and s.kind is ForKind.SERIAL:
+                return _igemm_as_loops(found[s.var.name])
+            return dataclasses.replace(s, body=rw(s.body))
+        if isinstance(s, Seq):
+            return Seq(tuple(rw(c) for c in s.body))
+        if isinstance(s, Allocate):
+            return dataclasses.replace(s, body=rw(s.body))
+        if isinstance(s, If):
+            return If(s.cond, rw(s.then), None if s.otherwise is None else rw(s.otherwise))
+        return s
+
+    return dataclasses.replace(func, body=rw(func.body)), len(found)
+
+
+_NP_IOPS = {Op.ADD: np.add, Op.SUBTRACT: np.subtract, Op.MULTIPLY: np.multiply, Op.MINIMUM: np.minimum,
+            Op.MAXIMUM: np.maximum}
+AFFINE_POINTS = 1 << 18    # most points an operand offset is evaluated at (`_affine_offset`)
+
+
+def _np_ival(e: Expr, env: dict[str, np.ndarray]) -> np.ndarray:
+    """An index expression over arrays of variable values; _NoMatch where a division meets a negative value."""
+    if isinstance(e, Var):
+        return env[e.name]
+    if isinstance(e, Const) and e.dtype is INDEX:
+        return np.int64(int(e.value))
+    if isinstance(e, Binary) and e.dtype is INDEX:
+        a, b = _np_ival(e.a, env), _np_ival(e.b, env)
+        if e.op in _NP_IOPS:
+            return _NP_IOPS[e.op](a, b)
+        if e.op in (Op.DIVIDE, Op.REMAINDER) and isinstance(e.b, Const) and int(e.b.value) > 0:
+            if np.any(a < 0):
+                raise _NoMatch("negative dividend")
+            return a // b if e.op is Op.DIVIDE else a % b
+    raise _NoMatch(type(e).__name__)
+
+
+def _affine_offset(ld: Load, shape: tuple[int, ...], ranges: dict[str, int]) -> Expr | None:
+    """The flat element index of `ld` as c0 + sum(c_v * v) when it is exactly that at every point of `ranges`
+    (var -> extent; every variable of the index must have one), evaluated at all of them; else None.  (A
+    filter read through fused reduce axes: (k / 192) * 12288 + ((k / 64) % 3) * 4096 + (k % 64) * 64 + c is
+    k * 64 + c.)"""
+    flat: Expr = Const(0, INDEX)
+    stride = 1
+    for x, n in zip(reversed(ld.indices), reversed(shape)):
+        flat = Binary(Op.ADD, flat, Binary(Op.MULTIPLY, x, Const(stride, INDEX), INDEX), INDEX)
+        stride *= int(n)
+    names = sorted(_vars(flat))
+    if not set(names) <= set(ranges) or math.prod(ranges[v] for v in names) > AFFINE_POINTS:
+        return None
+    grids = np.meshgrid(*[np.arange(ranges[v], dtype=np.int64) for v in names], indexing="ij")
+    env = dict(zip(names, grids))
+    try:
+        val = np.broadcast_to(_np_ival(flat, env), grids[0].shape if grids else ())
+    except _NoMatch:
+        return None
+    zero = (0,) * len(names)
+    c0 = int(val[zero])
+    coef = [int(val[tuple(1 if j == i else 0 for j in range(len(names)))]) - c0 if ranges[v] > 1 else 0
+            for i, v in enumerate(names)]
+    fit = c0 + sum(c * g for c, g in zip(coef, grids))
+    if not np.array_equal(val, fit):
+        return None
+    out: Expr = Const(c0, INDEX)
+    for c, v in zip(coef, names):
+        if c:
+            out = Binary(Op.ADD, Binary(Op.MULTIPLY, Var(v, INDEX), Const(c, INDEX), INDEX), out, INDEX)
+    return out
+
+
+def igemm_text(g: _IGemm, acc: str, expr, offset, shape) -> list[str]:
+    """CUDA C lines of the implicit-GEMM template (the GEMM template's double-buffered structure): each K tile,
+    the block's threads evaluate the (BM, BK) tile of A and the (BK, BN) tile of B (`g.a`, `g.b` at each tile
+    position; float4 loads where proven, at an affine offset where that is proven) into shared memory (A
+    transposed), then acc[i * NR + j] += A[r0 + i, kk] * B[kk, c0 + j] with r0 = (tid / TJ) * MR, c0 = (tid % TJ)
+    * NR.  `expr` / `offset` / `shape`: the emitter's C text of an expression / of a load's flat element index,
+    a buffer's shape."""
+    t = g.threads
+    ap = g.bm + 4
+
+    def spec(which: str):
+        if which == "a":
+            return g.a, g.a_fast, g.a_vec, g.bm, "hl_p", "hl_As", "hl_ra"
+        return g.b, g.b_fast, g.b_vec, g.bn, "hl_c", "hl_Bs", "hl_rb"
+
+    def count(which: str) -> tuple[int, int]:
+        _, _, vec, o, *_ = spec(which)
+        n = g.bk * o // (4 if vec else 1)
+        return n, -(-n // t)
+
+    def pos(which: str) -> str:
+        _, fast, vec, o, ov, *_ = spec(which)
+        w = 4 if vec else 1
+        if fast == "q":
+            return f"const int {ov} = hl_e / {g.bk // w}, hl_q = (hl_e % {g.bk // w}) * {w};"
+        return f"const int hl_q = hl_e / {o // w}, {ov} = (hl_e % {o // w}) * {w};"
+
+    def value(which: str) -> str:
+        e, _, vec, *_ = spec(which)
+        if not vec:
+            return expr(e)
+        cond, ld, other = _vector_operand(e)
+        ranges = {"hl_kx": g.kt, "hl_q": g.bk, ("hl_p" if which == "a" else "hl_c"): g.bm if which == "a" else g.bn}
+        aff = _affine_offset(ld, shape(ld.buffer), ranges)
+        v = f"__ldg((const float4*)({sanitize(ld.buffer)} + {offset(ld) if aff is None else expr(aff)}))"
+        if cond is None:
+            return v
+        o = expr(other)
+        return f"({expr(cond)} ? {v} : make_float4({o}, {o}, {o}, {o}))"
+
+    def load(kexpr: str) -> list[str]:
+        out = [f"    {{ const int hl_kx = {kexpr};"]
+        for which in "ab":
+            n, slots = count(which)
+            reg = spec(which)[6]
+            for q in range(slots):
+                guard = f"if (hl_e < {n}) " if (q + 1) * t > n else ""
+                out.append(f"      {{ const int hl_e = hl_tid + {q * t}; {guard}{{ {pos(which)} "
+                           f"{reg}[{q}] = {value(which)}; }} }}")
+        return out + ["    }"]
+
+    def store(buf: str) -> list[str]:
+        out = []
+        for which in "ab":
+            _, fast, vec, o, ov, sh, reg = spec(which)
+            n, slots = count(which)
+            for q in range(slots):
+                guard = f"if (hl_e < {n}) " if (q + 1) * t > n else ""
+                if not vec:
+                    st = f"{sh}[{buf}][hl_q][{ov}] = {reg}[{q}];"
+                elif fast == "o":
+                    st = f"*(float4*)&{sh}[{buf}][hl_q][{ov}] = {reg}[{q}];"
+                else:
+                    st = " ".join(f"{sh}[{buf}][hl_q + {k}][{ov}] = {reg}[{q}].{'xyzw'[k]};" for k in range(4))
+                out.append(f"    {{ const int hl_e = hl_tid + {q * t}; {guard}{{ {pos(which)} {st} }} }}")
+        return out
+
+    def frag(name: str, arr: str, n: int, base: str) -> list[str]:
+        out = [f"      float {name}[{n}];"]
+        if n % 4 == 0:
+            for v in range(0, n, 4):
+                out.append(f"      {{ const float4 t = *(const float4*)&{arr}[{base} + {v}]; {name}[{v}] = t.x; "
+                           f"{name}[{v + 1}] = t.y; {name}[{v + 2}] = t.z; {name}[{v + 3}] = t.w; }}")
+        else:
+            out += [f"      {name}[{v}] = {arr}[{base} + {v}];" for v in range(n)]
+        return out
+
+    na, la = count("a")
+    nb, lb = count("b")
+    ta = "float4" if g.a_vec else "float"
+    tb = "float4" if g.b_vec else "float"
+    return [f"{{  // implicit-GEMM template: {g.bm}x{g.bn}x{g.bk} tile, {g.mr}x{g.nr} per thread, double-buffered",
+            f"  __shared__ __align__(16) float hl_As[2][{g.bk}][{ap}];",
+            f"  __shared__ __align__(16) float hl_Bs[2][{g.bk}][{g.bn}];",
+            "  const int hl_tid = threadIdx.x;",
+            f"  const int hl_r0 = (hl_tid / {g.tj}) * {g.mr}, hl_c0 = (hl_tid % {g.tj}) * {g.nr};",
+            f"  {ta} hl_ra[{la}];",
+            f"  {tb} hl_rb[{lb}];",
+            *load("0"), *store("0"), "  __syncthreads();",
+            f"  for (int hl_kt = 0; hl_kt < {g.kt}; ++hl_kt) {{",
+            "    const int hl_cur = hl_kt & 1;",
+            f"    if (hl_kt + 1 < {g.kt}) {{", *["  " + x for x in load("hl_kt + 1")], "    }",
+            "    #pragma unroll",
+            f"    for (int hl_kk = 0; hl_kk < {g.bk}; ++hl_kk) {{",
+            *frag("hl_a", "hl_As[hl_cur][hl_kk]", g.mr, "hl_r0"),
+            *frag("hl_b", "hl_Bs[hl_cur][hl_kk]", g.nr, "hl_c0"),
+            "      #pragma unroll",
+            f"      for (int i = 0; i < {g.mr}; ++i) {{",
+            "        #pragma unroll",
+            f"        for (int j = 0; j < {g.nr}; ++j) {acc}[i * {g.nr} + j] = {acc}[i * {g.nr} + j] + "
+            "hl_a[i] * hl_b[j];",
+            "      }",
+            "    }",
+            f"    if (hl_kt + 1 < {g.kt}) {{", *["  " + x for x in store("hl_cur ^ 1")], "    }",
+            "    __syncthreads();",
+            "  }",
+            "}"]
+
+
 # ----------------------------------------------------------------------------- the module
 
 def _index_type(func: LoopFunc, temps: list[Allocate]) -> str:
@@ -1697,14 +2172,30 @@ def _grid_stride(kern: Stmt, plan: _KernelPlan) -> None:
     plan.grid[0] = g
 
 
-def _gemm_loops(kern: Stmt, params: dict[str, BufferDecl], plan: _KernelPlan) -> dict[str, _Gemm]:
-    """Loop var -> GEMM template parameters of the K-tile loops of `kern` that match the template; their
-    shared tiles leave `plan.shared` (the template declares its own, double-buffered)."""
+def _top_serial_loops(s: Stmt, plan: _KernelPlan, bids: tuple[str, ...] = (), tids: tuple[str, ...] = ()):
+    """(loop, blockIdx.x vars, threadIdx.x vars) for every serial loop reached from the kernel's root through
+    full-extent blockIdx.x / threadIdx.x loops, Seq and Allocate only (uniform points: no If, no guard)."""
+    if isinstance(s, For):
+        if s.kind is ForKind.BLOCK_X and s.const_extent == plan.grid[0]:
+            yield from _top_serial_loops(s.body, plan, (*bids, s.var.name), tids)
+        elif s.kind is ForKind.THREAD_X and s.const_extent == plan.block[0]:
+            yield from _top_serial_loops(s.body, plan, bids, (*tids, s.var.name))
+        elif s.kind is ForKind.SERIAL:
+            yield s, bids, tids
+    elif isinstance(s, Seq | Allocate):
+        for c in _children(s):
+            yield from _top_serial_loops(c, plan, bids, tids)
+
+
+def _gemm_loops(kern: Stmt, params: dict[str, BufferDecl], plan: _KernelPlan) -> dict[str, _Gemm | _IGemm]:
+    """Loop var -> GEMM template parameters of the K-tile loops of `kern` that match the template (or else the
+    implicit-GEMM template); their shared tiles leave `plan.shared` (the template declares its own,
+    double-buffered)."""
     decls = dict(params)
     for a in walk_stmts(kern):
         if isinstance(a, Allocate):
             decls[a.buffer] = BufferDecl(a.buffer, a.shape, a.dtype, "shared" if a.buffer in plan.shared else "local")
-    out: dict[str, _Gemm] = {}
+    out: dict[str, _Gemm | _IGemm] = {}
     hw = {f.var.name: ("bid" if f.kind is ForKind.BLOCK_X else "tid") for f in walk_stmts(kern)
           if isinstance(f, For) and f.kind in (ForKind.BLOCK_X, ForKind.THREAD_X)}
     for f in walk_stmts(kern):
@@ -1712,6 +2203,12 @@ def _gemm_loops(kern: Stmt, params: dict[str, BufferDecl], plan: _KernelPlan) ->
             g = _gemm_info(f, decls, plan, hw)
             if g is not None:
                 out[f.var.name] = g
+    if not out and not plan.shared:
+        written = _accesses(kern)[1]
+        for f, bids, tids in _top_serial_loops(kern, plan):
+            ig = _igemm_info(f, decls, plan, list(bids), tids[0], written) if len(tids) == 1 else None
+            if ig is not None:
+                out[f.var.name] = ig
     if out:
         inner = {a.buffer for f in walk_stmts(kern) if isinstance(f, For) and f.var.name in out
                  for a in walk_stmts(f.body) if isinstance(a, Allocate)}
@@ -1728,4 +2225,4 @@ def _align16(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
-__all__ = ["generate_cuda", "CudaSource", "Launch", "ctype", "const_text", "PRELUDE"]
+__all__ = ["generate_cuda", "CudaSource", "Launch", "ctype", "const_text", "PRELUDE", "igemm_loop_nest"]

@@ -5,7 +5,11 @@ Map:
   _tiled(O, Rd, ...)      dot / conv: a block tile of O per blockIdx.x, a thread grid (threadIdx.x) each
                           computing an MR x NR register tile of Rd (local), Rd's reduction split by BK;
                           for plain products of two inputs, shared-memory tiles of both (cache_read,
-                          cooperative fetch by all threads of the block at each BK step)
+                          cooperative fetch by all threads of the block at each BK step); products in another
+                          layout (NT, TN dots): register tiles only (the code generator's implicit-GEMM template)
+  _implicit_gemm(...)     a conv over (batch..., H, W, N): M = output pixels in H x W tiles of one image, N =
+                          output channels, K = the reduce axes fused in the filter's order; register tiles at the
+                          thread loop, no cache_read (the implicit-GEMM template fetches through the inlined pad)
   _row_fused(cd)          a row-fused subgraph (reductions over rows, then an elementwise output reading them
                           through broadcasts: softmax, layernorm): one kernel, a warp per row, reductions
                           computed in the output's row loop
@@ -54,7 +58,8 @@ def default_gpu_schedule(cd: ComputeDef, target: Target | None = None, rng=None,
     = (MR, NR, TI, TJ, BK) for dot/conv stages, "per" = elements per thread and "threads" = threads per
     block of elementwise stages; row-fused subgraphs: "row_fused" (False: one kernel per stage), "rows" per
     block, "row_cache" (the row's inputs copied to shared memory first), "row_keep" (False: inline softmax's exp
-    twice)."""
+    twice); convs: "conv_tiles" = (MH, MW, TH, TW, NR, TJ[, BK]), "implicit_gemm" (False: the tiling before the
+    implicit-GEMM template, also for dots outside the GEMM template's layout)."""
     global _RNG, _OPTS
     max_threads = (target.max_threads_per_block if target is not None and target.max_threads_per_block
                    else MAX_THREADS)
@@ -261,13 +266,36 @@ def _product_of_two_inputs(cd: ComputeDef, stage: Stage) -> tuple[str, str] | No
     return None
 
 
-def _tile_sizes(I: int, J: int, K: int, max_threads: int, batch: int = 1) -> tuple[int, int, int, int, int]:
+def _template_layout(stage: Stage) -> bool:
+    """The product's loads are in the GEMM template's layout: A[..., i, k] and B[..., k, j] (i, j the last two
+    space axes, k the last reduce axis).  Products of two inputs in another layout (the NT attention dot, the
+    TN weight-gradient dot) get register tiles without shared-memory stages instead (the implicit-GEMM
+    template of the code generator)."""
+    b = stage.body
+    if not (isinstance(b, Binary) and isinstance(b.a, Load) and isinstance(b.b, Load)) or len(stage.axes) < 2:
+        return True
+    i, j, k = stage.axes[-2].name, stage.axes[-1].name, stage.reduce_axes[-1].name
+
+    def tail(ld: Load) -> tuple:
+        return tuple(getattr(x, "name", None) for x in ld.indices[-2:])
+
+    return {tail(b.a), tail(b.b)} == {(i, k), (k, j)}
+
+
+#: the same for products of two inputs outside the GEMM template's layout (the implicit-GEMM template); H200,
+#: transformer_block's NT attention dot (32 x 128 x 128, K 512): 8x4/8x16/BK8 22.5 us, 4x4/16x16/BK16 24.0,
+#: 4x4/8x16/BK16 25.3, 4x4/8x32/BK16 (the template list's pick) 31.9; the generic code with shared stages 87.9
+_IMPLICIT_TILES = ((8, 4, 8, 16, 8, 0.9), (4, 4, 16, 16, 16, 0.9), (4, 4, 8, 16, 16, 0.9)) + _WARP_ROW_TILES[2:]
+
+
+def _tile_sizes(I: int, J: int, K: int, max_threads: int, batch: int = 1,
+                implicit: bool = False) -> tuple[int, int, int, int, int]:
     """(MR, NR, TI, TJ, BK): per-thread register tile, thread grid, reduction step (all divisors)."""
     if "tiles" in _OPTS:
         return tuple(int(x) for x in _OPTS["tiles"])  # type: ignore[return-value]
     if _RNG is None:
-        fits = [t for t in _WARP_ROW_TILES if I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0
-                and t[2] * t[3] <= max_threads]
+        fits = [t for t in (_IMPLICIT_TILES if implicit else _WARP_ROW_TILES)
+                if I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0 and t[2] * t[3] <= max_threads]
         for mr, nr, ti, tj, bk, waves in fits:
             blocks = batch * (I // (mr * ti)) * (J // (nr * tj))
             if blocks >= waves * _OPTS.get("sms", SMS) or (mr, nr, ti, tj, bk, waves) == fits[-1]:
@@ -292,10 +320,18 @@ def _tiled(cd: ComputeDef, out: str, red: str, axes, red_stage: Stage, max_threa
     nb = 1
     for a in batch:
         nb *= a.extent
-    mr, nr, ti, tj, bk = _tile_sizes(ax_i.extent, ax_j.extent, k_axes[-1].extent, max_threads, nb)
+    pair = _product_of_two_inputs(cd, red_stage)
+    if pair is None and _RNG is None and _OPTS.get("implicit_gemm", True):
+        conv = _implicit_gemm(out, red, red_stage, max_threads)
+        if conv is not None:
+            return conv
+    implicit = (pair is not None and _RNG is None and _OPTS.get("implicit_gemm", True)
+                and not _template_layout(red_stage))
+    if implicit:
+        pair = None   # register tiles only: the code generator's implicit-GEMM template fetches the shared tiles
+    mr, nr, ti, tj, bk = _tile_sizes(ax_i.extent, ax_j.extent, k_axes[-1].extent, max_threads, nb, implicit)
     i, j = ax_i.name, ax_j.name
     steps: list[Step] = []
-    pair = _product_of_two_inputs(cd, red_stage)
     if pair is not None:
         steps += [CacheRead(pair[0], "shared", (red,)), CacheRead(pair[1], "shared", (red,))]
     steps += [Split(out, i, (ti, mr)), Split(out, j, (tj, nr))]
@@ -332,6 +368,130 @@ def _tiled(cd: ComputeDef, out: str, red: str, axes, red_stage: Stage, max_threa
             if len(ax) > 1:
                 steps.append(Fuse(sh, tuple(ax)))
             steps += [Split(sh, fused, (nthreads,)), Annotate(sh, f"{fused}.1", ForKind.THREAD_X)]
+    return steps
+
+
+def _conv_operand(stage: Stage) -> tuple[Load, list[str]] | None:
+    """(B, K order) of a conv-like tiled reduction over (batch..., H, W, N): B is the one load of the body that
+    reads the last (output channel) axis and no other space axis (the filter); K order is the reduce axes in the
+    order B's indices read them (so the fused K axis walks B's rows in memory order)."""
+    if len(stage.axes) < 3:
+        return None
+    space = {a.name for a in stage.axes}
+    j = stage.axes[-1].name
+    loads = [e for e in walk(stage.body) if isinstance(e, Load)]
+    bs = [ld for ld in loads if any(j in _index_vars(x) for x in ld.indices)]
+    if len(bs) != 1 or len(loads) < 2:
+        return None
+    b = bs[0]
+    if set().union(*(_index_vars(x) for x in b.indices)) & space != {j}:
+        return None
+    first: dict[str, int] = {}
+    for pos, x in enumerate(b.indices):
+        for v in _index_vars(x):
+            first.setdefault(v, pos)
+    red = [a.name for a in stage.reduce_axes]
+    return b, sorted(red, key=lambda r: (first.get(r, -1), red.index(r)))
+
+
+def _index_vars(e) -> set[str]:
+    from ..ir.expr import Var
+    return {n.name for n in walk(e) if isinstance(n, Var)}
+
+
+#: conv tiles (MR_H, MR_W, TH, TW, NR, TJ, BK) are drawn from these per-thread register tiles (MR x NR, MR = MR_H
+#: x MR_W output pixels of one image), preferred first; the thread grid TH x TW x TJ (64 to 256 threads, TJ x NR
+#: covering up to 128 output channels, the template's shared tiles within 48 KB) with at least one block per SM,
+#: blocks spread evenly over the SMs (the busiest SM within 10 % of the mean), then the most channels per block,
+#: then the most threads; when no register tile gets there (small convs), the choice with the most threads.
+#: H200, conv2d_bias_relu at bench size (8 x 56 x 56 x 64, 3x3, 64 -> 64):
+#: 8x8-pixel tiles, 1x8 x 4 per thread, 8 x 1 x 16 threads (392 blocks of 128) 56.8 us at BK 32, 60.2 at BK 16;
+#: 2 x 56-pixel tiles, 224 blocks of 224 threads (the busiest SMs get 2 blocks, 40 SMs one) 69.4 / 69.9 us; 4x8
+#: pixels, 784 blocks of 64: 61.0; 8 channels per thread: 75.8
+_CONV_RT = ((8, 4), (4, 4), (2, 4), (1, 4), (1, 1))
+#: K step of the implicit-GEMM conv (H200, conv2d_bias_relu at bench size with 2 x 56-pixel tiles: BK 8 80.3 us,
+#: 16 70.3 us, 32 69.4 us; 8x8-pixel tiles: 16 60.2, 32 56.8)
+CONV_BK = 32
+
+
+def _conv_tiles(h: int, w: int, n: int, nbatch: int, max_threads: int, bk: int = 1) -> tuple[int, ...] | None:
+    """(MH, MW, TH, TW, NR, TJ) of the implicit-GEMM conv schedule (see `_implicit_gemm`); the template's double-
+    buffered tiles of BK must fit in 48 KB of shared memory."""
+    sms = _OPTS.get("sms", SMS)
+    fallback = None
+    for mr, nr in _CONV_RT:
+        if n % nr:
+            continue
+        best = None
+        for mw in range(min(mr, w), 0, -1):
+            if w % mw or mr % mw or h % (mr // mw):
+                continue
+            mh = mr // mw
+            for tj in [d for d in range(1, min(n // nr, 32) + 1) if (n // nr) % d == 0]:
+                for tw in [d for d in range(1, w // mw + 1) if (w // mw) % d == 0]:
+                    for th in [d for d in range(1, h // mh + 1) if (h // mh) % d == 0]:
+                        t = th * tw * tj
+                        if t > min(256, max_threads) or 8 * bk * (th * mh * tw * mw + 4 + tj * nr) > 48 * 1024:
+                            continue
+                        blocks = nbatch * (h // (th * mh)) * (w // (tw * mw)) * (n // (tj * nr))
+                        even = blocks / (-(-blocks // sms) * sms) >= 0.9   # the busiest SM has at most 10 % more
+                        key = (blocks >= sms and t >= 64, even, tj * nr, t, mw, tw)
+                        if best is None or key > best[0]:
+                            best = (key, (mh, mw, th, tw, nr, tj))
+                        fkey = (t >= 64, blocks * t, mr * nr, t)
+                        if fallback is None or fkey > fallback[0]:
+                            fallback = (fkey, (mh, mw, th, tw, nr, tj))
+        if best is not None and best[0][0]:
+            return best[1]
+    return fallback[1] if fallback is not None else None
+
+
+def _implicit_gemm(out: str, red: str, stage: Stage, max_threads: int) -> list[Step] | None:
+    """A conv-like reduction (`_conv_operand`) over (batch..., H, W, N) as an implicit GEMM: M = the output
+    pixels, N = the output channels, K = the reduce axes fused in the filter's memory order.  Block tiles of
+    TH x MH rows by TW x MW columns of one image (batch axes and tile indices fused into blockIdx.x) and TJ x NR
+    channels; threads TH x TW x TJ (threadIdx.x), each an MH x MW x NR register tile computed at its thread
+    loop, the fused K axis split by BK.  No cache_read: the code generator's implicit-GEMM template fetches the
+    shared tiles of the input (through the inlined pad, guard included) and of the filter itself, proven from the
+    loop nest (`codegen.cuda._igemm_info`); without it, the generic register-tiled code runs."""
+    found = _conv_operand(stage)
+    if found is None:
+        return None
+    _, korder = found
+    *batch, ah, aw, aj = [a for a in stage.axes]
+    nb = 1
+    for a in batch:
+        nb *= a.extent
+    k = 1
+    for a in stage.reduce_axes:
+        k *= a.extent
+    bk = _divisor_at_most(k, min(CONV_BK, max(1, k // 2)))    # at least two K tiles
+    tiles = (tuple(int(x) for x in _OPTS["conv_tiles"]) if "conv_tiles" in _OPTS
+             else _conv_tiles(ah.extent, aw.extent, aj.extent, nb, max_threads, bk))
+    if tiles is None:
+        return None
+    mh, mw, th, tw, nr, tj = tiles[:6]
+    bk = tiles[6] if len(tiles) > 6 else bk
+    h, w, j = ah.name, aw.name, aj.name
+    bn = [a.name for a in batch]
+    steps: list[Step] = [Split(out, h, (th, mh)), Split(out, w, (tw, mw)), Split(out, j, (tj, nr)),
+                         Reorder(out, tuple(bn + [f"{h}.0", f"{w}.0", f"{j}.0", f"{h}.1", f"{w}.1", f"{j}.1",
+                                                  f"{h}.2", f"{w}.2", f"{j}.2"]))]
+    blocks = bn + [f"{h}.0", f"{w}.0", f"{j}.0"]
+    thr = f"{h}.1@{w}.1@{j}.1"
+    steps += [Fuse(out, tuple(blocks)), Annotate(out, "@".join(blocks), ForKind.BLOCK_X),
+              Fuse(out, (f"{h}.1", f"{w}.1", f"{j}.1")), Annotate(out, thr, ForKind.THREAD_X)]
+    steps += [Annotate(out, f"{x}.2", ForKind.UNROLLED) for x in (h, w, j)]
+    steps.append(ComputeAt(red, out, thr))
+    kf = "@".join(korder)
+    steps.append(Reorder(red, tuple(korder + bn + [h, w, j])))
+    if len(korder) > 1:
+        steps.append(Fuse(red, tuple(korder)))
+    kin = kf
+    if bk > 1 and k > bk:
+        steps.append(Split(red, kf, (bk,)))
+        kin = f"{kf}.1"
+    steps += [Annotate(red, kin, ForKind.UNROLLED)] + [Annotate(red, x, ForKind.UNROLLED) for x in (h, w, j)]
     return steps
 
 

@@ -190,3 +190,51 @@ def test_grid_stride_elementwise_kernels():
             finally:
                 cuda_gen.GRID_STRIDE_BLOCKS = 0
                 rt._KCACHE.clear()
+
+
+_MID_CONV = """HloModule mid
+ENTRY main {
+  x = f32[2,28,28,32] parameter(0)
+  w = f32[3,3,32,64] parameter(1)
+  b = f32[64] parameter(2)
+  c = f32[2,28,28,64] convolution(x, w), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+  bb = f32[2,28,28,64] broadcast(b), dimensions={3}
+  s = f32[2,28,28,64] add(c, bb)
+  z = f32[] constant(0)
+  zb = f32[2,28,28,64] broadcast(z), dimensions={}
+  ROOT r = f32[2,28,28,64] maximum(s, zb)
+}
+"""
+#: (label, HLO text or path, schedule options): the implicit-GEMM template's cases (tests/null/test_cuda_conv.py)
+#: with a mid-size conv under several conv tiles (MH, MW, TH, TW, NR, TJ, BK): tile loads fewer than the threads,
+#: two output rows per thread, 8 channels per thread, BK 16
+_MID_TILES = [(1, 8, 2, 7, 4, 16, 8), (1, 4, 1, 14, 4, 16, 8), (2, 4, 1, 7, 4, 16, 16), (1, 8, 2, 7, 8, 8, 8),
+              (1, 4, 4, 7, 4, 8, 4)]
+
+
+def implicit_gemm_cases() -> list:
+    """(label, fused subgraph, steps) of every implicit-GEMM case (also compiled ahead by gpu_session --precompile)."""
+    import hlotune
+    from tests.null.test_cuda_conv import CASES
+
+    out = []
+    for label, src in sorted(CASES.items()):
+        for sg in hlotune.load_model(str(src)).frontend.subgraphs:
+            out.append((label, sg, default_gpu_schedule(sg.workload.compute, options={"sms": 1})))
+    (sg,) = hlotune.load_model(_MID_CONV).frontend.subgraphs
+    out.append(("mid conv default", sg, default_gpu_schedule(sg.workload.compute)))
+    for t in _MID_TILES:
+        out.append((f"mid conv {t}", sg, default_gpu_schedule(sg.workload.compute, options={"conv_tiles": t})))
+    return out
+
+
+def test_implicit_gemm_template_agrees_with_algorithm():
+    """Convolutions through an inlined pad (same, strided, dilated, 3 channels: scalar fetches), the NT batched
+    and TN dots, under several tiles: the implicit-GEMM template against `evaluate_compute`."""
+    used = 0
+    for k, (label, sg, steps) in enumerate(implicit_gemm_cases()):
+        from hlotune.codegen.cuda_runtime import build_cuda
+        kern = build_cuda(lower(sg.workload.compute, steps, name=sg.name), context=label)
+        used += "implicit-GEMM template" in kern.text
+        _run_and_check(sg, steps, f"implicit GEMM {label}", k)
+    assert used >= 10, used
