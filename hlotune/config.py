@@ -85,10 +85,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("tune_pipeline", lambda t: _choice(t, ("auto", "on", "off")), "auto",
             "search the next batch while one is measured: auto (when the CPU runner times at real-time priority, "
             "HLOTUNE_MEASURE_REALTIME, or on cuda), on or off"),
-    Setting("tune_warmup", _sizes, (16, 16),
+    Setting("tune_warmup", _sizes, (8, 8, 16, 16),
             "a fresh task's first round, when the cost model already ranks (pretrained), is measured in parts of "
-            "these sizes, the rest of the round ranked again by the model after each part (comma-separated; "
-            "'0': off)"),
+            "these sizes; after each part the model learns it and ranks the rest of the round again, or evolves "
+            "it anew once 16 trials are known (comma-separated; '0': off)"),
     Setting("search_workers", int, 0, "processes for one evolutionary search round (mutation and features; "
                                       "0: one per core, at most 4; 1: none forked)"),
     Setting("cost_model", str, "auto", "cost model the evolutionary search starts from: 'auto' (the model shipped "

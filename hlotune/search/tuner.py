@@ -32,8 +32,9 @@ One run:
      (`chrt`) puts its runner one priority above it (`_search_beside_measurement`).  Ctrl-C loses the batch in
      flight (the measurer is told to abort) and is never lost itself (`_CtrlC`: the search forks).
   6. a fresh task's first round, when the cost model already ranks (the pretrained one), is measured in parts
-     (`tune_warmup`, default 16 then 16): after each part the model learns it and the rest of the round's
-     candidates are ranked again (`rerank`), so the run's own measurements steer the round at once.  Pipelined
+     (`tune_warmup`, default 8, 8, 16, 16): after each part the model learns it and the rest of the round's
+     candidates are ranked again (`rerank`), except once, when WARM_EVOLVE_AFTER trials are known, where a new
+     evolution from the measured bests proposes them; so the run's own measurements steer the round at once.  Pipelined
      with one task, the default schedule is measured while the first round is searched.
 Each run writes a JSON-lines log `tune-<model>-<time>.jsonl` under the log dir (one line per batch).
 Randomness: every round draws from `derive_rng(seed, trials so far, task)`, so a seeded run proposes the same
@@ -70,6 +71,10 @@ from .space import TaskSpace, derive_rng
 
 POLICIES = ("evolutionary", "random", "optuna")
 DEFAULT_TRIALS = 1000
+#: a fresh task's first round in parts (setting tune_warmup): once this many of its trials are measured, the rest
+#: of the round comes from a new evolution (seeded with the measured bests, scored by the model that learnt them)
+#: instead of the first evolution's candidates ranked again
+WARM_EVOLVE_AFTER = 16
 #: per-subgraph early stopping: trials without improvement
 DEFAULT_EARLY_STOPPING = 256
 
@@ -554,6 +559,7 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
         again (`rerank`: no new evolution).  Returns what is left of the round, for the usual path."""
         nonlocal pending
         r = runs[i]
+        evolved = False
         for size in warm_sizes:
             if len(cands) <= size:
                 break
@@ -564,7 +570,10 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
             pending = submit(_Batch(i, cands[:size], 0.0, stats))
             flush()
             t0 = time.perf_counter()
-            cands = r.policy.rerank(left, r.measured, derive_rng(seed, "rerank", total(), i))
+            if not evolved and r.trials > WARM_EVOLVE_AFTER:   # once: evolve from what was measured
+                cands, evolved = r.policy.propose(left, r.measured, derive_rng(seed, "warm", total(), i)), True
+            else:
+                cands = r.policy.rerank(left, r.measured, derive_rng(seed, "rerank", total(), i))
             report.search_s += time.perf_counter() - t0
         return cands
 

@@ -310,12 +310,12 @@ def _pretrained(model):
 
 
 @pytest.mark.parametrize("pipeline", ["off", "on"])
-def test_first_round_is_measured_in_parts_and_reranked(model, tmp_path, monkeypatch, pipeline):
+def test_first_round_is_measured_in_parts_and_reranked(model, tmp_path, monkeypatch, pipeline, proposals):
     learnt = []
     original = EvolutionarySearch.rerank
 
     def rerank(self, n, measured, rng):
-        learnt.append(len(self.model.samples))
+        learnt.append(("rerank", len(self.model.samples)))
         out = original(self, n, measured, rng)
         # the model as it is now ranks what comes back (the eps-greedy random tail aside)
         from hlotune.search.evolutionary import score
@@ -325,15 +325,18 @@ def test_first_round_is_measured_in_parts_and_reranked(model, tmp_path, monkeypa
         return out
 
     monkeypatch.setattr(EvolutionarySearch, "rerank", rerank)
+    monkeypatch.setenv("HLOTUNE_TUNE_WARMUP", "8,8,16,16")
     meas = SizesMeasurer()
     cm = _pretrained(model)
     n0 = len(cm.samples)
     rep = _tune(model, open_database(str(tmp_path / "w.db")), meas, trials=65, batch_size=64, confirm=0,
                 cost_model=cm, pipeline=pipeline)
-    assert meas.sizes == [1, 16, 16, 32] and rep.total_trials == 65
+    assert meas.sizes == [1, 8, 8, 16, 16, 16] and rep.total_trials == 65
     assert len(meas.seen) == len(set(meas.seen)) == 65
-    # each re-ranking came after the model had learnt the default and the parts before it
-    assert learnt == [n0 + 17, n0 + 33]
+    # each part after the first was chosen by the model after it had learnt the default and the parts before it:
+    # ranked again, except once 16 trials were known (a second evolution: the second proposal of the run)
+    assert learnt == [("rerank", n0 + 9), ("rerank", n0 + 33), ("rerank", n0 + 49)]
+    assert proposals["n"] == 2
 
 
 def test_first_round_in_one_piece_when_off_or_cold(model, tmp_path, monkeypatch):
