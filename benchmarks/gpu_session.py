@@ -168,12 +168,21 @@ def memory_bound(name: str, torch, copy_gbs: float, log) -> list[dict]:
     return out
 
 
+#: codegen.cuda flags that take the cp.async ring wherever GEMM_STAGES >= 2 (whatever the register tile and grid)
+ASYNC_ALWAYS = {"GEMM_ASYNC_MAX_MR": 1 << 30, "GEMM_ASYNC_MR8_BLOCKS": 0}
 MATMUL_VARIANTS = {  # label -> ((MR, NR, TI, TJ, BK), GEMM template: True / False / "nosplit" (8 columns per
-    # thread with B's shared rows not split in halves)); the template needs BK % 4 == 0
-    "8x4/8x32/bk16": ((8, 4, 8, 32, 16), True), "16x4/8x32/bk8": ((16, 4, 8, 32, 8), True),
-    "8x8/16x16/bk8": ((8, 8, 16, 16, 8), True), "8x8/16x16/bk8 B not split": ((8, 8, 16, 16, 8), "nosplit"),
-    "8x8/16x16/bk16": ((8, 8, 16, 16, 16), True), "8x8/8x32/bk8": ((8, 8, 8, 32, 8), True),
-    "4x8/16x16/bk16": ((4, 8, 16, 16, 16), True),
+    # thread with B's shared rows not split in halves) / a dict of codegen.cuda flags); the template needs BK % 4 == 0;
+    # "cp.async S A^T / A row": GEMM_STAGES = S with A transposed by 4-byte copies / kept row-major (GEMM_A_ROW)
+    "16x4/8x32/bk8": ((16, 4, 8, 32, 8), {"GEMM_STAGES": 0}), "8x8/16x16/bk8": ((8, 8, 16, 16, 8), {"GEMM_STAGES": 0}),
+    "8x4/8x32/bk16": ((8, 4, 8, 32, 16), {"GEMM_STAGES": 0}),
+    **{f"{t} cp.async {st} {'A row' if row else 'A^T'}":
+       (tiles, {"GEMM_STAGES": st, "GEMM_A_ROW": bool(row), **ASYNC_ALWAYS})
+       for t, tiles, cfg in (("16x4/8x32/bk8", (16, 4, 8, 32, 8), ((3, 0), (3, 1), (4, 1))),
+                             ("16x4/8x32/bk16", (16, 4, 8, 32, 16), ((2, 1),)),
+                             ("8x8/16x16/bk8", (8, 8, 16, 16, 8), ((3, 1),)),
+                             ("8x4/8x32/bk8", (8, 4, 8, 32, 8), ((3, 1),)),
+                             ("8x4/8x32/bk16", (8, 4, 8, 32, 16), ((2, 1), (3, 1), (4, 1))))
+       for st, row in cfg},
 }
 EW_VARIANTS = {"per1/t256 (default)": {"per": 1, "threads": 256}, "per2/t256": {"per": 2, "threads": 256},
                "per4/t256": {"per": 4, "threads": 256}, "per1/t512": {"per": 1, "threads": 512},
@@ -198,6 +207,17 @@ GEMM_VARIANTS = [
     ("transformer_block", "dot_general.9", "4x4/8x32/bk16", {"tiles": (4, 4, 8, 32, 16)}, {}),
     ("mlp_train_step", "sub.20", "before (shared stages, generic)", {"implicit_gemm": False}, {}),
     ("mlp_train_step", "sub.20", "implicit GEMM, default", {}, {}),
+    *[(model, name, label, {}, flags) for model, name in (("rmsnorm_swiglu", "dot_general.4"),
+                                                          ("rmsnorm_swiglu", "dot_general.5"),
+                                                          ("transformer_block", "dot_general.6"),
+                                                          ("mlp2", "max.3"), ("dense_bias_relu", "max.3"))
+      for label, flags in (("GEMM, registers", {"GEMM_STAGES": 0}), ("default", {}),
+                           ("cp.async 3 A row", {"GEMM_STAGES": 3, "GEMM_A_ROW": True, **ASYNC_ALWAYS}))],
+    *[(model, name, label, {"tiles": tiles}, flags) for model, name in (("rmsnorm_swiglu", "dot_general.4"),
+                                                                        ("transformer_block", "dot_general.6"))
+      for tiles in ((16, 4, 8, 32, 8), (8, 4, 8, 32, 8))
+      for label, flags in ((f"{tiles} registers", {"GEMM_STAGES": 0}),
+                           (f"{tiles} cp.async 3 A row", {"GEMM_STAGES": 3, "GEMM_A_ROW": True, **ASYNC_ALWAYS}))],
 ]
 SMS = 132
 TORCH_MODELS: set | None = None    # --torch-models: only these get torch.compile
@@ -229,8 +249,6 @@ def _resources(kern) -> list:
 def matmul_variants(n: int, torch, log, cublas: float | None) -> list[dict]:
     import hlotune
     from hlotune.codegen.cuda_runtime import build_cuda
-    from hlotune.schedule_space.default_gpu import default_gpu_schedule
-    from hlotune.schedule_space.lower import lower
 
     (sg,) = hlotune.load_model(_mm_hlo(n)).frontend.subgraphs
     cd = sg.workload.compute
@@ -238,20 +256,11 @@ def matmul_variants(n: int, torch, log, cublas: float | None) -> list[dict]:
     b = torch.randn(n, n, device="cuda")
     c = torch.full((n, n), float("nan"), device="cuda")
     ref = a.double() @ b.double()
-    import hlotune.codegen.cuda as cuda_gen
-    import hlotune.codegen.cuda_runtime as rt
 
     out = []
     for label, (tiles, gemm) in MATMUL_VARIANTS.items():
         try:
-            rt._KCACHE.clear()
-            cuda_gen.GEMM_TEMPLATE = bool(gemm)
-            cuda_gen.GEMM_SPLIT_B = gemm != "nosplit"
-            try:
-                kern = build_cuda(lower(cd, default_gpu_schedule(cd, options={"tiles": tiles}), name=f"mm{n}"))
-            finally:
-                cuda_gen.GEMM_TEMPLATE = cuda_gen.GEMM_SPLIT_B = True
-                rt._KCACHE.clear()
+            kern = _variant_kernel(cd, f"mm{n}", {"tiles": tiles}, _gemm_flags(gemm), build_cuda)
             r0 = {"template": "GEMM template" in kern.text}
             c.fill_(float("nan"))
             kern(a, b, c)
@@ -267,6 +276,13 @@ def matmul_variants(n: int, torch, log, cublas: float | None) -> list[dict]:
             log(f"  matmul {n} {label}: ERROR {r['error'][:200]}")
         out.append(r)
     return out
+
+
+def _gemm_flags(gemm) -> dict:
+    """codegen.cuda flags of a MATMUL_VARIANTS entry."""
+    if isinstance(gemm, dict):
+        return dict(gemm)
+    return {"GEMM_TEMPLATE": bool(gemm), "GEMM_SPLIT_B": gemm != "nosplit"}
 
 
 def _variant_kernel(cd, name: str, opts: dict, flags: dict, build):
@@ -698,10 +714,7 @@ def precompile(log) -> int:
         cd = sg.workload.compute
         add(lower(cd, default_gpu_schedule(cd), name=f"mm{n}"))
         for tiles, gemm in MATMUL_VARIANTS.values():
-            cuda_gen.GEMM_TEMPLATE = bool(gemm)
-            cuda_gen.GEMM_SPLIT_B = gemm != "nosplit"
-            add(lower(cd, default_gpu_schedule(cd, options={"tiles": tiles}), name=f"mm{n}"))
-            cuda_gen.GEMM_TEMPLATE = cuda_gen.GEMM_SPLIT_B = True
+            _variant_kernel(cd, f"mm{n}", {"tiles": tiles}, _gemm_flags(gemm), add)
     for name in MEMORY_BOUND:
         base, kind = _model_file(name)
         for sg in hlotune.load_model(model_path(base, kind)).frontend.subgraphs:
@@ -739,6 +752,10 @@ def precompile(log) -> int:
     from tests.gpu.test_cuda_run import implicit_gemm_cases
     for _, sg, steps in implicit_gemm_cases():
         add(lower(sg.workload.compute, steps, name=sg.name))
+    from tests.gpu.test_cuda_run import gemm_async_cases
+    for _, hlo, tiles, flags in gemm_async_cases():
+        (sg,) = hlotune.load_model(hlo).frontend.subgraphs
+        _variant_kernel(sg.workload.compute, sg.name, {"tiles": tiles}, flags, add)
     for name in MODEL_NAMES:
         for sg in hlotune.load_model(str(model_path(name))).frontend.subgraphs:
             choice = choose_schedule(sg.workload, None, tgt)

@@ -12,8 +12,10 @@ Map:
   _scalarize                scalar replacement: inside a thread loop, a kernel buffer (or global temporary)
                             used at one loop-invariant element (an rfactor partial) lives in a register
   _gemm_info / gemm_text    the GEMM template: a K-tile loop proven (by evaluating its index expressions) to be the
-                            tiled dot of the default schedule becomes double-buffered shared tiles, float4 global
-                            loads, A transposed in shared memory, one barrier per K tile (`GEMM_TEMPLATE`)
+                            tiled dot of the default schedule becomes shared tiles filled by a 3-stage cp.async ring
+                            (A row-major; `GEMM_STAGES`, `GEMM_A_ROW`) or, for 16-row register tiles and 8-row ones in
+                            small grids, double-buffered float4 register prefetch (A transposed), one barrier per K
+                            tile (`GEMM_TEMPLATE`)
   _igemm_info / igemm_text  the implicit-GEMM template: a register-tiled K-tile loop without shared stages whose
                             operands are proven to depend on the thread only through tid / TJ (A) and tid % TJ (B)
                             (a conv reading through an inlined pad, NT / TN dots) gets cooperative shared tiles
@@ -1341,6 +1343,21 @@ def _lane_invariant_cond(c: Expr, v: str, nv: int) -> Expr | None:
 #: the GEMM template replaces the generic code of a matching K-tile loop (benchmarks switch it off to compare)
 GEMM_TEMPLATE = True
 GEMM_SPLIT_B = True    # 8 columns per thread: B's shared rows in two halves (conflict-free float4 reads)
+#: the GEMM template's global -> shared copy: 0 = float4 loads into registers during the K tile, stored to the
+#: other of two shared buffers after it (the prefetch registers count against the register tile); S >= 2 = a
+#: ring of S shared stages filled by `cp.async` (sm_80+; a plain copy below), S - 1 tiles in flight, no
+#: prefetch registers (fewer stages where S would not fit in 48 KB)
+GEMM_STAGES = 3
+#: with cp.async: A kept row-major in shared memory (its 16-byte copies verbatim; each thread reads a float4 of
+#: 4 k values per row and uses it against 4 rows of B) instead of transposed by 4-byte copies
+GEMM_A_ROW = True
+#: where the cp.async ring is used (measured on the H200 against the register prefetch, logs/gpu_s4b): register
+#: tiles of at most GEMM_ASYNC_MAX_MR rows (16x4 at 4096^3: 42.3k against 43.2k GFLOP/s), and for MR = 8 only in
+#: grids of at least GEMM_ASYNC_MR8_BLOCKS blocks (rmsnorm_swiglu / transformer_block dots of 256-704 blocks 3-4 %
+#: faster, matmul 1024^3 in 128 blocks 2 % slower); MR <= 4 always (mlp2 24.7 -> 15.9 us, dense_bias_relu 52.1 ->
+#: 42.5 us)
+GEMM_ASYNC_MAX_MR = 8
+GEMM_ASYNC_MR8_BLOCKS = 256
 
 
 @dataclass(frozen=True)
@@ -1361,10 +1378,12 @@ class _Gemm:
     threads: int
     a_batch: int    # elements between consecutive batches of A (0: A has no batch dimensions)
     b_batch: int
+    stages: int = 0     # 0: register prefetch, two shared buffers; >= 2: a cp.async ring (`GEMM_STAGES`)
+    a_row: bool = False     # cp.async: A row-major in shared memory (`GEMM_A_ROW`)
 
     @property
     def shared_bytes(self) -> int:
-        return 4 * 2 * self.bk * (self.bm + 4 + self.bn)
+        return 4 * max(2, self.stages) * self.bk * (self.bm + 4 + self.bn)
 
 
 class _NoMatch(Exception):
@@ -1483,6 +1502,11 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
               m * k if len(ga.shape) > 2 and nbat > 1 else 0, k * n if len(gb.shape) > 2 and nbat > 1 else 0)
     if g.shared_bytes > STATIC_SHARED_LIMIT:
         return None
+    if GEMM_STAGES >= 2 and mr <= GEMM_ASYNC_MAX_MR and (mr < 8 or plan.grid[0] >= GEMM_ASYNC_MR8_BLOCKS):
+        per_stage = 4 * bk * (bm + 4 + bn)
+        stages = min(GEMM_STAGES, STATIC_SHARED_LIMIT // per_stage, kt + 1)
+        if stages >= 2:
+            g = dataclasses.replace(g, stages=stages, a_row=GEMM_A_ROW)
     bids = [x for x, kd in hw.items() if kd == "bid"]
     tids = [x for x, kd in hw.items() if kd == "tid"]
     tj = bn // nr
@@ -1524,7 +1548,10 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     """CUDA C lines of the GEMM template: double-buffered shared tiles (one barrier per K tile, the next tile
     loaded into registers while the current one is computed), float4 global loads, A stored transposed in
     shared memory so that both operands are read as float4; acc[i * NR + j] += A[row, k] * B[k, col] for the
-    thread's rows (tile row * BM + (tid / TJ) * MR + i) and columns (tile col * BN + (tid % TJ) * NR + j)."""
+    thread's rows (tile row * BM + (tid / TJ) * MR + i) and columns (tile col * BN + (tid % TJ) * NR + j).
+    With `g.stages` >= 2 the cp.async ring instead (`_gemm_async_text`)."""
+    if g.stages >= 2:
+        return _gemm_async_text(g, acc, a, b)
     tj = g.bn // g.nr
     na, nb = g.bm * g.bk // 4, g.bk * g.bn // 4        # float4s per tile
     la, lb = max(1, na // g.threads), max(1, nb // g.threads)
@@ -1607,6 +1634,147 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
           f"    if (hl_kt + 1 < {kt}) {{", *["  " + x for x in store("hl_cur ^ 1")], "    }",
           "    __syncthreads();",
           "  }",
+          "}"]
+    return o
+
+
+#: sm_80+ asynchronous copies (a plain copy on older GPUs, where the commit / wait are no-ops); added to a
+#: module's prelude only when a kernel uses them
+CP_ASYNC_PRELUDE = r"""
+__device__ __forceinline__ void hl_cp16(void* dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)),
+               "l"(src) : "memory");
+#else
+  *(float4*)dst = __ldg((const float4*)src);
+#endif
+}
+__device__ __forceinline__ void hl_cp4(void* dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)),
+               "l"(src) : "memory");
+#else
+  *(float*)dst = __ldg((const float*)src);
+#endif
+}
+__device__ __forceinline__ void hl_cp_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void hl_cp_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+#endif
+}
+"""
+
+
+def _gemm_async_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
+    """The GEMM template with a ring of `g.stages` shared stages filled by cp.async: before the loop tiles 0..S-2
+    are issued (one commit group each); K tile kt waits until its group is complete (at most S-2 newer ones
+    pending), one barrier (every thread's copies visible, and every thread done with tile kt-1, whose stage
+    tile kt+S-1 then refills), issues tile kt+S-1, computes tile kt.  B is copied verbatim (16 bytes; split in
+    halves for 8 columns per thread as in `gemm_text`); A either transposed by 4-byte copies (the compute of
+    `gemm_text`) or, with `g.a_row`, kept row-major: per 4 k values a thread reads 4 float4 rows of B and, per
+    row i, one float4 of A (4 k values), in k order per accumulator (the same sums as `gemm_text`)."""
+    tj = g.bn // g.nr
+    na, nb = g.bm * g.bk // 4, g.bk * g.bn // 4        # float4s per tile
+    la, lb = max(1, na // g.threads), max(1, nb // g.threads)
+    ga = f"if (hl_tid < {na}) " if na < g.threads else ""
+    gb = f"if (hl_tid < {nb}) " if nb < g.threads else ""
+    st = g.stages
+    nbj, nbi = g.n // g.bn, g.m // g.bm
+    kt = g.k // g.bk
+    ka, nb4 = g.bk // 4, g.bn // 4
+    split = g.nr == 8 and GEMM_SPLIT_B
+    a_decl = (f"  __shared__ __align__(16) float hl_As[{st}][{g.bm}][{g.bk}];" if g.a_row
+              else f"  __shared__ __align__(16) float hl_As[{st}][{g.bk}][{g.bm + 4}];")
+    o = [f"{{  // GEMM template: {g.bm}x{g.bn}x{g.bk} tile, {g.mr}x{g.nr} per thread, {st}-stage cp.async ring"
+         f"{', A row-major' if g.a_row else ''}",
+         a_decl,
+         f"  __shared__ __align__(16) float hl_Bs[{st}][{g.bk}][{g.bn}];",
+         "  const int hl_tid = threadIdx.x, hl_bid = blockIdx.x;",
+         f"  const int hl_bj = hl_bid % {nbj}, hl_bi = (hl_bid / {nbj}) % {nbi}, hl_bb = hl_bid / {nbj * nbi};",
+         f"  const float* __restrict__ hl_A = {a} + (long long)hl_bb * {g.a_batch}LL + (long long)hl_bi * "
+         f"{g.bm * g.k}LL;",
+         f"  const float* __restrict__ hl_B = {b} + (long long)hl_bb * {g.b_batch}LL + hl_bj * {g.bn};",
+         f"  const int hl_r0 = (hl_tid / {tj}) * {g.mr}, hl_c0 = (hl_tid % {tj}) * {g.nr};"]
+
+    def issue(kexpr: str, sexpr: str) -> list[str]:
+        out = []
+        for q in range(la):
+            src = f"hl_A + r * {g.k} + {kexpr} * {g.bk} + c"
+            if g.a_row:
+                cp = f"hl_cp16(&hl_As[{sexpr}][r][c], {src});"
+            else:
+                cp = " ".join(f"hl_cp4(&hl_As[{sexpr}][c + {v}][r], {src} + {v});" for v in range(4))
+            out.append(f"      {ga}{{ const int q = hl_tid + {q * g.threads}, r = q / {ka}, c = (q % {ka}) * 4; "
+                       f"{cp} }}")
+        for q in range(lb):
+            col = f"((q % {nb4}) & 1) * {g.bn // 2} + ((q % {nb4}) >> 1) * 4" if split else f"(q % {nb4}) * 4"
+            out.append(f"      {gb}{{ const int q = hl_tid + {q * g.threads}; hl_cp16(&hl_Bs[{sexpr}][q / {nb4}]"
+                       f"[{col}], hl_B + ({kexpr} * {g.bk} + q / {nb4}) * {g.n} + (q % {nb4}) * 4); }}")
+        return out
+
+    def bfrag(name: str, row: str) -> list[str]:
+        bases = ((0, "hl_c0 / 2"), (4, f"{g.bn // 2} + hl_c0 / 2")) if split else \
+            [(v, f"hl_c0 + {v}") for v in range(0, g.nr, 4)]
+        out = []
+        if g.nr % 4:
+            return [f"      {name}[{v}] = hl_Bs[hl_cur][{row}][hl_c0 + {v}];" for v in range(g.nr)]
+        for v, base in bases:
+            out.append(f"      {{ const float4 t = *(const float4*)&hl_Bs[hl_cur][{row}][{base}]; {name}[{v}] = t.x; "
+                       f"{name}[{v + 1}] = t.y; {name}[{v + 2}] = t.z; {name}[{v + 3}] = t.w; }}")
+        return out
+
+    fma = f"{acc}[i * {g.nr} + j] = {acc}[i * {g.nr} + j] + "
+    if g.a_row:   # per 4 k values: B's 4 rows in registers, then per row of A one float4
+        compute = [f"    for (int hl_k4 = 0; hl_k4 < {g.bk}; hl_k4 += 4) {{",
+                   f"      float hl_b[4][{g.nr}];"]
+        for u in range(4):
+            compute += bfrag(f"hl_b[{u}]", f"hl_k4 + {u}")
+        compute += ["      #pragma unroll",
+                    f"      for (int i = 0; i < {g.mr}; ++i) {{",
+                    "        const float4 hl_a = *(const float4*)&hl_As[hl_cur][hl_r0 + i][hl_k4];",
+                    *[x for u, c in enumerate("xyzw") for x in (
+                        "        #pragma unroll",
+                        f"        for (int j = 0; j < {g.nr}; ++j) {fma}hl_a.{c} * hl_b[{u}][j];")],
+                    "      }",
+                    "    }"]
+    else:
+        compute = [f"    for (int hl_kk = 0; hl_kk < {g.bk}; ++hl_kk) {{",
+                   f"      float hl_a[{g.mr}];"]
+        if g.mr % 4 == 0:
+            for v in range(0, g.mr, 4):
+                compute.append(f"      {{ const float4 t = *(const float4*)&hl_As[hl_cur][hl_kk][hl_r0 + {v}]; "
+                               f"hl_a[{v}] = t.x; hl_a[{v + 1}] = t.y; hl_a[{v + 2}] = t.z; hl_a[{v + 3}] = t.w; }}")
+        else:
+            compute += [f"      hl_a[{v}] = hl_As[hl_cur][hl_kk][hl_r0 + {v}];" for v in range(g.mr)]
+        compute += [f"      float hl_b[{g.nr}];", *bfrag("hl_b", "hl_kk"),
+                    "      #pragma unroll",
+                    f"      for (int i = 0; i < {g.mr}; ++i) {{",
+                    "        #pragma unroll",
+                    f"        for (int j = 0; j < {g.nr}; ++j) {fma}hl_a[i] * hl_b[j];",
+                    "      }",
+                    "    }"]
+    for s0 in range(st - 1):    # one commit group per tile (empty past the last tile)
+        o += ["  {", *issue(str(s0), str(s0)), "  }"] if s0 < kt else []
+        o.append("  hl_cp_commit();")
+    o += ["  int hl_cur = 0;",
+          f"  for (int hl_kt = 0; hl_kt < {kt}; ++hl_kt) {{",
+          f"    hl_cp_wait<{st - 2}>();",
+          "    __syncthreads();",
+          f"    if (hl_kt + {st - 1} < {kt}) {{",
+          f"      const int hl_nk = hl_kt + {st - 1}, hl_ns = hl_cur == 0 ? {st - 1} : hl_cur - 1;",
+          *issue("hl_nk", "hl_ns"),
+          "    }",
+          "    hl_cp_commit();",
+          "    #pragma unroll",
+          *compute,
+          f"    hl_cur = hl_cur == {st - 1} ? 0 : hl_cur + 1;",
+          "  }",
+          "  __syncthreads();",
           "}"]
     return o
 
@@ -2084,6 +2252,8 @@ def generate_cuda(func: LoopFunc) -> CudaSource:
         text, launch = _kernel(name, kern, params, inputs, idx, frozenset(a.buffer for a in temps))
         body_text.append(text)
         launches.append(launch)
+    if any("hl_cp_commit();" in t for t in body_text):
+        head.append(CP_ASYNC_PRELUDE)
     temp_decls = tuple(BufferDecl(a.buffer, a.shape, a.dtype, "global") for a in temps)
     return CudaSource(func, "\n".join(head + body_text) + "\n", tuple(launches), temp_decls, 32 if idx == "int" else 64)
 

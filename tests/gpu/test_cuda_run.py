@@ -107,6 +107,65 @@ def test_gemm_template_agrees_with_numpy(tiles):
     assert used >= 1, tiles
 
 
+#: the GEMM template's cp.async ring (codegen.cuda.GEMM_STAGES, GEMM_A_ROW): (tiles, flags, dots of
+#: `gemm_async_cases` by letter); 4 stages are cut to the K tiles + 1 where K is short (dot e: 2 K tiles of 8), 8x8
+#: per thread splits B's rows
+_ASYNC = [((8, 4, 8, 32, 16), {"GEMM_STAGES": 2}, "abc"),
+          ((8, 4, 8, 32, 8), {"GEMM_STAGES": 3, "GEMM_A_ROW": True}, "abce"),
+          ((8, 8, 8, 16, 8), {"GEMM_STAGES": 4}, "abce"),
+          ((8, 8, 8, 16, 8), {"GEMM_STAGES": 3, "GEMM_A_ROW": True}, "abce"),
+          ((4, 4, 4, 8, 4), {"GEMM_STAGES": 3, "GEMM_A_ROW": True}, "abce"),
+          ((16, 4, 8, 32, 8), {"GEMM_STAGES": 3}, "ae")]
+
+
+def gemm_async_cases() -> list:
+    """(label, HLO text, tiles, codegen flags) of the cp.async GEMM template checks (also compiled ahead by
+    gpu_session --precompile): a plain dot (a), a batched dot (b), a batched A against an unbatched B (c), a dot
+    of K = 16 (e)."""
+    hlos = {"a": ("HloModule a\nENTRY m {\n  a = f32[128,64] parameter(0)\n  b = f32[64,256] parameter(1)\n"
+                  "  ROOT d = f32[128,256] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n"),
+            "b": ("HloModule b\nENTRY m {\n  a = f32[4,64,32] parameter(0)\n  b = f32[4,32,128] parameter(1)\n"
+                  "  ROOT d = f32[4,64,128] dot(a, b), lhs_batch_dims={0}, rhs_batch_dims={0}, "
+                  "lhs_contracting_dims={2}, rhs_contracting_dims={1}\n}\n"),
+            "c": ("HloModule c\nENTRY m {\n  a = f32[2,64,32] parameter(0)\n  b = f32[32,128] parameter(1)\n"
+                  "  ROOT d = f32[2,64,128] dot(a, b), lhs_contracting_dims={2}, rhs_contracting_dims={0}\n}\n"),
+            "e": ("HloModule e\nENTRY m {\n  a = f32[128,16] parameter(0)\n  b = f32[16,128] parameter(1)\n"
+                  "  ROOT d = f32[128,128] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n")}
+    force = {"GEMM_ASYNC_MAX_MR": 1 << 30, "GEMM_ASYNC_MR8_BLOCKS": 0, "GEMM_A_ROW": False}   # whatever the tile
+    return [(f"{tiles} {flags} {x}", hlos[x], tiles, {**force, **flags}) for tiles, flags, which in _ASYNC
+            for x in which]
+
+
+def test_gemm_async_template_agrees_with_numpy():
+    """The GEMM template with its global -> shared copy by cp.async (2-4 stages, A transposed or row-major in
+    shared memory) against `evaluate_compute`, outputs poisoned; every case must take the cp.async template."""
+    import hlotune
+    import hlotune.codegen.cuda as cuda_gen
+    import hlotune.codegen.cuda_runtime as rt
+    from hlotune.codegen.cuda_runtime import build_cuda
+
+    rng = np.random.default_rng(6)
+    for label, hlo, tiles, flags in gemm_async_cases():
+        (sg,) = hlotune.load_model(hlo).frontend.subgraphs
+        cd = sg.workload.compute
+        args = [rng.standard_normal(b.shape).astype(np.float32) for b in cd.inputs]
+        want = evaluate_compute(cd, args)[0]
+        old = {k: getattr(cuda_gen, k) for k in flags}
+        rt._KCACHE.clear()
+        try:
+            for k, v in flags.items():
+                setattr(cuda_gen, k, v)
+            kern = build_cuda(lower(cd, default_gpu_schedule(cd, options={"tiles": tiles}), name=sg.name))
+        finally:
+            for k, v in old.items():
+                setattr(cuda_gen, k, v)
+            rt._KCACHE.clear()
+        assert "cp.async ring" in kern.text, label
+        out = np.full(want.shape, np.nan, np.float32)
+        kern(*args, out)
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=label)
+
+
 def _unary(op: str, n: int) -> str:
     return f"HloModule u\nENTRY m {{\n  x = f32[{n}] parameter(0)\n  ROOT y = f32[{n}] {op}(x)\n}}\n"
 

@@ -139,8 +139,12 @@ def test_gemm_template_for_default_dots_only_when_the_indexing_matches(sources):
         f, src = by[label]
         text = src.text
         assert "GEMM template" in text, label
-        assert text.count("__syncthreads") == 2 and "_shared[" not in text, label   # one per K tile, one before
-        assert "__ldg((const float4*)" in text and "hl_As[2]" in text and "hl_Bs[2]" in text, label
+        # one barrier per K tile, one before the loop (register prefetch) or after it (cp.async ring)
+        assert text.count("__syncthreads") == 2 and "_shared[" not in text, label
+        if "cp.async ring" in text:
+            assert "hl_cp16(&hl_As[hl_ns]" in text and "hl_As[3]" in text and "hl_Bs[3]" in text, label
+        else:
+            assert "__ldg((const float4*)" in text and "hl_As[2]" in text and "hl_Bs[2]" in text, label
     # the same nest with the compute reading B one column off: not the template's mapping -> generic code
     f, _ = by["matmul/dot_general.1"]
 
@@ -154,6 +158,44 @@ def test_gemm_template_for_default_dots_only_when_the_indexing_matches(sources):
         return st
     bad = LoopFunc(f.name, f.inputs, f.outputs, _map_stores(f.body, shift))
     assert "GEMM template" not in generate_cuda(bad).text
+
+
+_MM256 = ("HloModule mm\nENTRY m {\n  a = f32[256,256] parameter(0)\n  b = f32[256,256] parameter(1)\n"
+          "  ROOT d = f32[256,256] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n")
+
+
+@pytest.mark.parametrize("tiles,stages,a_row,want", [((16, 4, 8, 32, 8), 3, True, 3),
+                                                     ((16, 4, 8, 32, 8), 2, False, 2),
+                                                     ((16, 4, 8, 32, 16), 4, False, 2),
+                                                     ((8, 8, 16, 16, 8), 4, True, 4)])
+def test_gemm_template_cp_async_ring(monkeypatch, tiles, stages, a_row, want):
+    """GEMM_STAGES >= 2: the template's copies are cp.async into a ring of stages (cut to what fits in 48 KB of
+    static shared memory), one commit group per tile, a wait for all but the S-2 newest, one barrier per K tile and
+    one after the loop, no prefetch registers; A row-major (16-byte copies) or transposed (4-byte copies)."""
+    import hlotune
+    import hlotune.codegen.cuda as cuda
+
+    monkeypatch.setattr(cuda, "GEMM_STAGES", stages)
+    monkeypatch.setattr(cuda, "GEMM_A_ROW", a_row)
+    monkeypatch.setattr(cuda, "GEMM_ASYNC_MAX_MR", 16)
+    monkeypatch.setattr(cuda, "GEMM_ASYNC_MR8_BLOCKS", 0)
+    (sg,) = hlotune.load_model(_MM256).frontend.subgraphs
+    cd = sg.workload.compute
+    src = generate_cuda(lower(cd, default_gpu_schedule(cd, options={"tiles": tiles}), name="mm"))
+    text = src.text
+    mr, nr, ti, tj, bk = tiles
+    assert f"{want}-stage cp.async ring" in text and "cp.async.cg.shared.global" in text
+    assert f"hl_As[{want}][{mr * ti}][{bk}]" in text if a_row else f"hl_As[{want}][{bk}][{mr * ti + 4}]" in text
+    assert ("hl_cp4(&hl_As" in text) != a_row and "hl_ra" not in text and "__ldg((const float4*)(hl_" not in text
+    assert text.count("hl_cp_commit();") == want and f"hl_cp_wait<{want - 2}>();" in text
+    assert text.count("__syncthreads()") == 2
+    assert src.launches[0].shared_bytes == 4 * want * bk * (mr * ti + 4 + nr * tj)
+    assert src.launches[0].shared_bytes <= cuda.STATIC_SHARED_LIMIT
+    monkeypatch.setattr(cuda, "GEMM_STAGES", 0)
+    plain = generate_cuda(lower(cd, default_gpu_schedule(cd, options={"tiles": tiles}), name="mm")).text
+    assert "cp.async" not in plain and "hl_ra" in plain
+    if NVCC and stages == 3:
+        assert compile_cubin(text, "sm_90")[:4] == b"\x7fELF"
 
 
 def test_row_reduction_partials_go_to_shared_and_thread0_combines(sources):
