@@ -97,7 +97,7 @@ def main() -> int:
     training(samples, feats)
     print("random:", mean_metrics(evaluate_model(RandomModel(0), samples)))
     if not a.no_lowo:
-        print("xgboost packsum, leave one workload out:", mean_metrics(evaluate_lowo(samples)))
+        print(f"xgboost {CostModel().mode}, leave one workload out:", mean_metrics(evaluate_lowo(samples)))
     return 0
 
 

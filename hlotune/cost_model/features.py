@@ -34,6 +34,10 @@ lowering drops, changes no feature -- the fast path relies on it):
   has stride 1, not 1 + 32/32) unless only fractional ones move it.
 - arithmetic intensity curve: at each loop level k, flops inside k / unique bytes touched inside k;
   sample j (1..10) is the value at the outermost level whose log2(flops inside) <= j/10 x log2(total flops).
+- guards (version 4): the stored buffer's per-dimension span 1 + sum_l |c[l, d]| (extent_l - 1) over the
+  loops that do not index it through a division (`_divides`: those wrap around, x % k) beyond its shape is
+  a split tail, i.e. a bounds check around the store; idx_div counts accesses indexed through a division;
+  the register tile is what lies inside the innermost loop whose step does not move the store.
 """
 
 from __future__ import annotations
@@ -114,6 +118,26 @@ def _table() -> tuple[tuple[str, str], ...]:
              ("l1_fit_prod", "executions inside the outermost loop whose footprint (unique bytes of all buffers "
                              "inside it) fits the L1 data cache"),
              ("l2_fit_prod", "the same for the L2 cache")]
+    rows += [("guard_dims", "dimensions of the stored buffer whose index span over all loops exceeds the buffer (a "
+                            "split tail: the code guards the store with a bounds check; loops that also divide the "
+                            "index, x // k and x % k of a fused loop, wrap around and do not count)"),
+             ("guard_inner", "1 when the innermost loop moves a guarded dimension (the check runs every innermost "
+                             "iteration and keeps the loop from vectorizing)"),
+             ("guard_execs", "executions of the bounds check: product of the loop extents down to the innermost loop "
+                             "that moves a guarded dimension (0 without a guard)"),
+             ("pad_ratio", "product of the stored buffer's index spans / its elements written (>= 1: padded "
+                           "iterations of split tails)"),
+             ("idx_div", "accesses whose index divides a loop variable (a fractional coefficient: x // k, usually "
+                         "with x % k, from a fused-then-split loop or a packed layout; only of a loop that alone moves "
+                         "its dimension by a whole step)"),
+             ("idx_div_inner", "the same, divided along the innermost loop (a division and remainder every innermost "
+                               "iteration)")]
+    rows += [("rt_elems", "register tile: elements of the stored buffer written inside its innermost reuse loop (the "
+                          "innermost loop that does not move the store, e.g. the inner reduction loop of a GEMM: the "
+                          "accumulators; 0 without one)"),
+             ("rt_regs", "rt_elems / vector lanes (vector registers of the accumulators)"),
+             ("rt_loads", "unique elements read inside that loop (all read buffers): loads per iteration of it"),
+             ("rt_inten", "executions inside that loop / rt_loads (statement executions per loaded element)")]
     rows += [("prog_statements", "program: number of store statements (the same in every row of a program)"),
              ("prog_ops", "program: arithmetic operations of all statements (sum of the operation columns)"),
              ("prog_outer_prod", "program: statement executions (sum of outer_prod)"),
@@ -127,7 +151,7 @@ FEATURE_TABLE: tuple[tuple[str, str], ...] = _table()
 FEATURE_NAMES: tuple[str, ...] = tuple(n for n, _ in FEATURE_TABLE)
 NUM_FEATURES = len(FEATURE_NAMES)
 _COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
-FEATURE_VERSION = 3
+FEATURE_VERSION = 4
 
 
 _KIND_CODE = {k: i for i, k in enumerate(ForKind)}
@@ -326,6 +350,73 @@ def _loop_features(nest: StoreNest, ext, real, km, rank, nreal, prod, out: np.nd
         for name, cap in (("l1_fit_prod", l1), ("l2_fit_prod", l2)):
             k = np.argmax(foot <= cap, axis=1)     # outermost level that fits (level L always does: one point)
             out[:, _COL[name]] = suffix[rows, k]
+    _guard_features(nest, ext, real, inner, has_i, w, out)
+    if w is not None and nl:
+        _tile_features(nest, ext, real, strides, w, lanes, out)
+
+
+def _divides(a: Access, ext: np.ndarray, real: np.ndarray) -> np.ndarray:
+    """(N, L, D): loop l indexes dimension d of `a` through a division: a fractional coefficient of a loop that
+    alone moves the dimension by a whole step (x // k with the loop's span >= k; a smaller one is simplified away
+    by the lowering, e.g. (4 * i + j) // 4 = i for j < 4), in a dimension of more than one element."""
+    c = np.abs(a.coef)
+    return (c > 1e-12) & (np.abs(c - np.round(c)) > 1e-9) & (c * (ext - 1.0)[:, :, None] >= 1 - 1e-9) & \
+        real[:, :, None] & (a.shape[:, None, :] > 1)
+
+
+def _tile_features(nest: StoreNest, ext, real, strides, w, lanes, out: np.ndarray) -> None:
+    """rt_*: the register tile inside the innermost loop that does not move the stored element."""
+    n, nl = ext.shape
+    rows = np.arange(n)
+    zero = real & (strides[w] < 1e-12)
+    has = zero.any(axis=1)
+    lvl = np.where(has, nl - np.argmax(zero[:, ::-1], axis=1), nl)     # the level just inside that loop
+    elems = loads = 0.0
+    for j, a in enumerate(nest.accesses):
+        u = np.prod(_regions(a, ext)[rows, lvl], axis=1) if a.shape.shape[1] else np.ones(n)
+        if j == w:
+            elems = u
+        elif a.mode == 0:
+            loads = loads + u
+    execs = _suffix_prod(ext)[rows, lvl]
+    out[:, _COL["rt_elems"]] = np.where(has, elems, 0.0)
+    out[:, _COL["rt_regs"]] = np.where(has, elems / lanes, 0.0)
+    out[:, _COL["rt_loads"]] = np.where(has, loads, 0.0)
+    out[:, _COL["rt_inten"]] = np.where(has, execs / np.maximum(loads, 1.0), 0.0)
+
+
+def _guard_features(nest: StoreNest, ext, real, inner, has_i, w, out: np.ndarray) -> None:
+    """guard_* / pad_ratio (spans of the stored buffer beyond its shape) and idx_div* (fractional coefficients)."""
+    n, nl = ext.shape
+    rows = np.arange(n)
+    if w is not None and nl and nest.accesses[w].shape.shape[1]:
+        a = nest.accesses[w]
+        # loops that index the buffer through a division (x // k with x % k: a fused loop) wrap around rather
+        # than overrun it: they do not count
+        whole = ~np.any(_divides(a, ext, real), axis=2)                         # (N, L)
+        moves = (np.abs(a.coef) > 1e-12) & (real & whole)[:, :, None]              # (N, L, D)
+        span = 1.0 + np.floor(np.sum(np.where(moves, np.abs(a.coef) * (ext - 1.0)[:, :, None], 0.0), axis=1) + 1e-9)
+        guarded = span > a.shape + 1e-9
+        out[:, _COL["guard_dims"]] = guarded.sum(axis=1)
+        out[:, _COL["pad_ratio"]] = np.prod(span, axis=1) / np.maximum(np.prod(np.minimum(span, a.shape), axis=1), 1.0)
+        gl = np.any(moves & guarded[:, None, :], axis=2)                          # (N, L) loops moving a guarded dim
+        has_g = gl.any(axis=1)
+        last = nl - 1 - np.argmax(gl[:, ::-1], axis=1)
+        pre = np.cumprod(np.where(real, ext, 1.0), axis=1)
+        out[:, _COL["guard_execs"]] = np.where(has_g, pre[rows, last], 0.0)
+        out[:, _COL["guard_inner"]] = has_g & has_i & gl[rows, inner]
+    else:
+        out[:, _COL["pad_ratio"]] = 1.0
+    div = np.zeros(n)
+    div_in = np.zeros(n)
+    for a in nest.accesses:
+        if not nl or not a.coef.shape[2]:
+            continue
+        frac = _divides(a, ext, real)
+        div += a.count * frac.any(axis=(1, 2))
+        div_in += a.count * (frac[rows, inner].any(axis=1) & has_i)
+    out[:, _COL["idx_div"]] = div
+    out[:, _COL["idx_div_inner"]] = div_in
 
 
 def _suffix_prod(ext: np.ndarray) -> np.ndarray:

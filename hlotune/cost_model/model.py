@@ -7,10 +7,14 @@ Map:
   features_of_samples    features of each sample (fast path, batched per workload)
   labels(samples)        normalized throughput: best cost of the task / cost (cost = fastest repeat; failed = 0)
   RandomModel            seeded random scores; fit/update/save are no-ops
-  CostModel              XGBoost; `mode` "packsum" (Ansor: a program's score is the sum of its statements'
-                         predictions, trained with a custom weighted squared loss on that sum; the default),
-                         "reg" (one row per program: sum and max of its statement features, weighted squared
-                         loss) or "rank" (the same rows, rank:pairwise per task; slow)
+  CostModel              XGBoost; `mode` "packsum" (the default; Ansor: a program's score is the sum of its
+                         statements' predictions, trained with a weighted squared loss against the normalized
+                         throughput), "packrank" (the same sums trained with a weighted pairwise logistic loss
+                         within each task: `pair_weights`, `_pair_objective`; better held-out pairwise accuracy,
+                         not yet the tuner's default: see docs/cost_model.md), "reg" (one row
+                         per program: sum and max of its statement features, weighted squared loss) or "rank"
+                         (the same rows, rank:pairwise per task; slow)
+  pair_weights(y)        packrank's weights of the pairs of one task (fast programs and far-apart pairs count more)
     .fit(samples, feats=None) .update(samples) .predict(task, schedules) .predict_features(feats)
     .save(path) CostModel.load(path)
   load_model_file(path)  CostModel.load with the checks (corrupt / other format / version -> InputError)
@@ -23,7 +27,11 @@ saw, else a full retrain (`rounds` trees from scratch).  A model loaded from a f
 warm-started, so its trees keep what they learned on other workloads, until MAX_WARM_TREES trees were added;
 then it is retrained from scratch on the local data.  Labels: per task, best cost / cost (the cost of a sample
 is its fastest repeat: on a shared machine other jobs only slow repeats down); failed candidates get 0.
-Weights: max(label, MIN_WEIGHT), so fast programs count more.  XGBoost runs with one thread (`nthread` 1):
+packsum weights: max(label, MIN_WEIGHT), so fast programs count more; packrank weighs each pair (i faster
+than j) by max(y_i, y_j) x min(|log2(y_i / y_j)|, PAIR_LOG_CAP) x (the LambdaRank discount change of the pair
+in the current ranking, recomputed every round, + PAIR_DISCOUNT_FLOOR), normalized per task, and its scores are
+reported as 2^(score / RANK_SCALE) (a throughput-like scale; the ranking is the same).
+XGBoost runs with one thread (`nthread` 1):
 training happens between measurements and other jobs share the cores; with two threads on this 2-core
 machine under load it was several times slower.  Everything is seeded.
 """
@@ -42,7 +50,7 @@ from ..errors import InputError
 from .fast_features import batch_features
 from .features import FEATURE_VERSION, NUM_FEATURES
 
-MODES = ("packsum", "rank", "reg")
+MODES = ("packrank", "packsum", "rank", "reg")
 MODEL_FORMAT = "hlotune-cost-model"
 MODEL_VERSION = 1
 MIN_SAMPLES = 32
@@ -51,6 +59,12 @@ RETRAIN_MIN_NEW = 8
 MAX_WARM_TREES = 200
 MIN_WEIGHT = 0.1
 WARM_ROUNDS = 20
+PAIR_LOG_CAP = 2.0
+PAIR_TOP_POWER = 1.0
+RANK_SCALE = 2.2
+PAIR_DISCOUNT = True       # LambdaRank: weigh pairs by the change of the rank discount 1/log2(2 + rank)
+PAIR_DISCOUNT_FLOOR = 0.05   # plus this, so pairs far down the ranking still count
+PAIR_GROUP = 512
 
 DEFAULT_PARAMS = {"max_depth": 5, "eta": 0.2, "subsample": 1.0, "colsample_bytree": 1.0, "min_child_weight": 5,
                   "gamma": 0.003, "lambda": 1.0, "nthread": 1, "tree_method": "hist"}
@@ -139,13 +153,70 @@ class RandomModel:
 
 def _program_rows(feats: list[np.ndarray], mode: str) -> tuple[np.ndarray, np.ndarray]:
     """packsum: all statement rows + their program index; rank: one row per program (sum, max)."""
-    if mode == "packsum":
+    if mode in ("packsum", "packrank"):
         rows = [f if f.shape[0] else np.zeros((1, NUM_FEATURES)) for f in feats]
         pid = np.concatenate([np.full(r.shape[0], i) for i, r in enumerate(rows)])
         return np.concatenate(rows), pid
     X = np.stack([np.concatenate([f.sum(axis=0), f.max(axis=0)]) if f.shape[0] else np.zeros(2 * NUM_FEATURES)
                   for f in feats])
     return X, np.arange(len(feats))
+
+
+def pair_weights(y: np.ndarray) -> np.ndarray:
+    """(n, n) weights of the ordered pairs (i faster than j) of one task's normalized throughputs `y`:
+    max(y_i, y_j) (pairs with a fast program count more: the search needs the top of the ranking) x
+    min(|log2(y_i / y_j)|, PAIR_LOG_CAP) (pairs within the timing noise count little; failed programs, y = 0,
+    count as 2^-10), normalized to sum to n (every program of every task weighs alike)."""
+    yy = np.maximum(y, 2.0 ** -10)
+    W = (y[:, None] > y[None, :]) * np.maximum(yy[:, None], yy[None, :]) ** PAIR_TOP_POWER * \
+        np.minimum(np.abs(np.log2(yy[:, None] / yy[None, :])), PAIR_LOG_CAP)
+    tot = W.sum()
+    return W * (len(y) / tot) if tot > 0 else W
+
+
+def _pair_objective(y: np.ndarray, keys: list[str], pid: np.ndarray, seed: int):
+    """packrank: gradient and hessian of sum over tasks and weighted pairs (i faster than j) of
+    log(1 + exp(s_j - s_i)), s = a program's score (the sum of its statement predictions), per statement row.
+    With PAIR_DISCOUNT (LambdaRank), each round multiplies a pair's weight by |1/log2(2 + r_i) - 1/log2(2 + r_j)|
+    + PAIR_DISCOUNT_FLOOR (r: the places of i and j in the task's current ranking), renormalized per task: swaps
+    near the top of the ranking count most (peak@k), as LambdaMART does for NDCG, and the floor keeps the order
+    further down (pairwise accuracy).
+    Tasks with more than PAIR_GROUP programs are split into random groups of at most that size (pairs within a
+    group only), so a step costs O(n PAIR_GROUP), not O(n^2)."""
+    rng = np.random.default_rng(seed)
+    by: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        by.setdefault(k, []).append(i)
+    parts = []
+    for idx in by.values():
+        idx = np.asarray(idx)
+        if len(idx) > PAIR_GROUP:
+            idx = rng.permutation(idx)
+            chunks = np.array_split(idx, -(-len(idx) // PAIR_GROUP))
+        else:
+            chunks = [idx]
+        for c in chunks:
+            if len(c) >= 2:
+                parts.append((c, pair_weights(y[c])))
+    nprog = len(y)
+
+    def obj(preds, _d):
+        s = np.bincount(pid, weights=preds, minlength=nprog)
+        g = np.zeros(nprog)
+        h = np.zeros(nprog)
+        for idx, W in parts:
+            ss = s[idx]
+            if PAIR_DISCOUNT:   # LambdaRank: pairs that swap places near the top of the current ranking count more
+                D = 1.0 / np.log2(2.0 + np.argsort(np.argsort(-ss, kind="stable"), kind="stable"))
+                W = W * (np.abs(D[:, None] - D[None, :]) + PAIR_DISCOUNT_FLOOR)
+                W *= len(idx) / max(W.sum(), 1e-12)
+            r = 1.0 / (1.0 + np.exp(np.clip(ss[:, None] - ss[None, :], -50, 50)))   # sigmoid(s_j - s_i)
+            gw = W * r
+            g[idx] += gw.sum(axis=0) - gw.sum(axis=1)
+            hw = W * r * (1.0 - r)
+            h[idx] += hw.sum(axis=1) + hw.sum(axis=0)
+        return g[pid], np.maximum(h, 1e-6)[pid]
+    return obj
 
 
 class CostModel:
@@ -222,14 +293,16 @@ class CostModel:
         base = self.booster if (warm or self.pretrained) and self.booster is not None and \
             self._warm_trees < MAX_WARM_TREES else None
         rounds = WARM_ROUNDS if base is not None else self.rounds
-        if self.mode == "packsum":
+        if self.mode in ("packsum", "packrank"):
             dtrain = xgb.DMatrix(X)
             nprog = len(feats)
-
-            def obj(preds, _d):
-                s = np.bincount(pid, weights=preds, minlength=nprog)
-                g = 2.0 * w * (s - y)
-                return g[pid], (2.0 * w)[pid]
+            if self.mode == "packrank":
+                obj = _pair_objective(y, [s.workload_key for s in samples], pid, self.seed)
+            else:
+                def obj(preds, _d):
+                    s = np.bincount(pid, weights=preds, minlength=nprog)
+                    g = 2.0 * w * (s - y)
+                    return g[pid], (2.0 * w)[pid]
             params.update(base_score=0.0, disable_default_eval_metric=1)
             self.booster = xgb.train(params, dtrain, rounds, obj=obj, xgb_model=base)
         elif self.mode == "reg":
@@ -267,7 +340,9 @@ class CostModel:
             return out
         X, pid = _program_rows([feats[i] for i in ok], self.mode)
         p = self.booster.inplace_predict(X)     # no DMatrix: 3-4x faster than predict(DMatrix(X)), same values
-        out[ok] = np.bincount(pid, weights=p, minlength=len(ok)) if self.mode == "packsum" else p
+        out[ok] = np.bincount(pid, weights=p, minlength=len(ok)) if self.mode in ("packsum", "packrank") else p
+        if self.mode == "packrank":     # log-odds -> a throughput-like scale (the search selects in proportion)
+            out[ok] = np.exp2(np.clip(out[ok] / RANK_SCALE, -60.0, 60.0))
         return out
 
     # ------------------------------------------------------------------ files

@@ -253,3 +253,54 @@ def test_incompatible_shipped_model_falls_back(tmp_path, monkeypatch):
     monkeypatch.setenv("HLOTUNE_COST_MODEL", str(bad))      # an explicit path is an error, not a fallback
     with pytest.raises(InputError, match="cost_model_cpu.json"):
         tuner.make_cost_model(None, 0, Target.host_cpu())
+
+
+def test_pair_weights_and_objective_gradient():
+    """packrank: the pair weights by hand, and the objective's gradient / hessian against finite differences of
+    the weighted pairwise logistic loss on program scores (sums of statement rows)."""
+    from hlotune.cost_model import model as cm
+    from hlotune.cost_model.model import _pair_objective, pair_weights
+
+    y = np.array([1.0, 0.5, 0.0])
+    W = pair_weights(y)
+    raw = np.array([[0, 1.0 * 1, 1.0 * 2], [0, 0, 0.5 * 2], [0, 0, 0]])     # max(y) x min(|log2 ratio|, 2)
+    np.testing.assert_allclose(W, raw * 3 / raw.sum())
+    y = np.array([1.0, 0.25, 0.6, 0.4, 1.0])
+    keys = ["a", "a", "a", "b", "b"]
+    pid = np.array([0, 0, 1, 2, 3, 3, 4])         # program 0 and 3 have two statements
+    obj = _pair_objective(y, keys, pid, 0)
+    rows = np.random.default_rng(0).normal(size=len(pid))
+    s0 = np.bincount(pid, weights=rows, minlength=5)
+
+    def loss(rows):     # LambdaRank weights: fixed at the ranking of the point the gradient is taken at
+        s = np.bincount(pid, weights=rows, minlength=5)
+        tot = 0.0
+        for grp in ([0, 1, 2], [3, 4]):
+            Wg = pair_weights(y[grp])
+            if cm.PAIR_DISCOUNT:
+                D = 1.0 / np.log2(2.0 + np.argsort(np.argsort(-s0[grp])))
+                Wg = Wg * (np.abs(D[:, None] - D[None, :]) + cm.PAIR_DISCOUNT_FLOOR)
+                Wg *= len(grp) / Wg.sum()
+            for a, i in enumerate(grp):
+                for b, j in enumerate(grp):
+                    tot += Wg[a, b] * np.log1p(np.exp(s[j] - s[i]))
+        return tot
+
+    g, h = obj(rows, None)
+    eps = 1e-6
+    num = [(loss(rows + eps * e) - loss(rows - eps * e)) / (2 * eps) for e in np.eye(len(pid))]
+    np.testing.assert_allclose(g, num, rtol=1e-5, atol=1e-8)
+    assert (h > 0).all() and h[0] == h[1]          # statements of one program share its hessian
+
+
+def test_packrank_mode_ranks_and_round_trips(tmp_path, data):
+    task, samples, scheds, costs = data
+    m = CostModel(seed=3, rounds=30, mode="packrank").fit(samples[:48])
+    p = m.predict(task, scheds)
+    assert pairwise_accuracy(costs, p) > 0.7
+    m.save(tmp_path / "r.json")
+    m2 = CostModel.load(tmp_path / "r.json")
+    assert m2.mode == "packrank"
+    np.testing.assert_allclose(m2.predict(task, scheds), p, rtol=1e-6)
+    m2.update(samples[48:60])                      # warm start with the same objective
+    assert m2.booster.num_boosted_rounds() == 30 + 20

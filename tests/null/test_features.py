@@ -251,3 +251,35 @@ def test_column_panel_pack_regions_need_no_fallback(monkeypatch):
     monkeypatch.setattr(fast_features, "exact_features", lambda cd, s: pytest.fail(f"fell back: {s.steps}"))
     for s, fast, ex in zip(vs, batch_features(cd, vs, key + "-panel-test"), exact):
         np.testing.assert_allclose(fast, ex, atol=1e-6, err_msg=f"{s.steps}")
+
+
+def test_guard_index_and_register_tile_columns(monkeypatch):
+    """Feature version 4: a split tail (C[i0 * 4 + i1] over 3 x 4 iterations of a 10-element C: the store is
+    guarded in the innermost loop, 12 / 10 padded), a fused loop indexed f // 32, f % 32 (a division along the
+    innermost loop in both accesses), and the register tile of the matmul (inside k: 16 accumulators of C, one
+    A and 16 B elements loaded)."""
+    from hlotune.cost_model import features
+
+    monkeypatch.setattr(features, "machine", lambda: (2, 512, 1024, 4096))
+    i0, i1 = _v("i0"), _v("i1")
+    flat = Binary(Op.ADD, Binary(Op.MULTIPLY, i0, Const(4, I), I), i1, I)
+    st = Store("C", (flat,), Load("A", (flat,), F32))
+    fn = LoopFunc("tail", (BufferDecl("A", (10,), F32),), (BufferDecl("C", (10,), F32),),
+                  For(i0, Const(0, I), Const(3, I), ForKind.PARALLEL,
+                      For(i1, Const(0, I), Const(4, I), ForKind.SERIAL, st)))
+    r = _raw(features_of_func(fn)[0])
+    f = lambda name: round(float(r[COL[name]]), 6)    # noqa: E731
+    assert (f("guard_dims"), f("guard_inner"), f("guard_execs")) == (1, 1, 12)
+    assert f("pad_ratio") == pytest.approx(12 / 10) and f("idx_div") == 0 and f("rt_elems") == 0
+
+    g = _v("g")
+    div, rem = Binary(Op.DIVIDE, g, Const(32, I), I), Binary(Op.REMAINDER, g, Const(32, I), I)
+    fn = LoopFunc("copy", (BufferDecl("A", (8, 32), F32),), (BufferDecl("C", (8, 32), F32),),
+                  For(g, Const(0, I), Const(256, I), ForKind.PARALLEL,
+                      Store("C", (div, rem), Load("A", (div, rem), F32))))
+    r = _raw(features_of_func(fn)[0])
+    assert (f("idx_div"), f("idx_div_inner"), f("guard_dims"), f("pad_ratio")) == (2, 2, 0, 1)
+
+    r = _raw(features_of_func(_matmul_func())[0])
+    assert (f("rt_elems"), f("rt_regs"), f("rt_loads")) == (16, 1, 17)
+    assert f("rt_inten") == pytest.approx(16 / 17) and f("guard_dims") == 0 and f("idx_div") == 0
