@@ -1544,6 +1544,19 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
     return g
 
 
+def _fragment(name: str, arr: str, n: int, base: str) -> list[str]:
+    """CUDA lines loading `n` floats of shared array `arr` from `base` into a register array `name` (float4
+    reads when n is a multiple of 4), for the GEMM and implicit-GEMM templates."""
+    out = [f"      float {name}[{n}];"]
+    if n % 4 == 0:
+        for v in range(0, n, 4):
+            out.append(f"      {{ const float4 t = *(const float4*)&{arr}[{base} + {v}]; {name}[{v}] = t.x; "
+                       f"{name}[{v + 1}] = t.y; {name}[{v + 2}] = t.z; {name}[{v + 3}] = t.w; }}")
+    else:
+        out += [f"      {name}[{v}] = {arr}[{base} + {v}];" for v in range(n)]
+    return out
+
+
 def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     """CUDA C lines of the GEMM template: double-buffered shared tiles (one barrier per K tile, the next tile
     loaded into registers while the current one is computed), float4 global loads, A stored transposed in
@@ -1599,15 +1612,7 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
                        f"*(float4*)&hl_Bs[{buf}][q / {nb4}][{col}] = hl_rb[{q}]; }}")
         return out
 
-    def frag(name: str, arr: str, n: int, base: str) -> list[str]:
-        out = [f"      float {name}[{n}];"]
-        if n % 4 == 0:
-            for v in range(0, n, 4):
-                out.append(f"      {{ const float4 t = *(const float4*)&{arr}[{base} + {v}]; {name}[{v}] = t.x; "
-                           f"{name}[{v + 1}] = t.y; {name}[{v + 2}] = t.z; {name}[{v + 3}] = t.w; }}")
-        else:
-            out += [f"      {name}[{v}] = {arr}[{base} + {v}];" for v in range(n)]
-        return out
+    frag = _fragment
 
     def split_frag() -> list[str]:
         out = ["      float hl_b[8];"]
@@ -2181,15 +2186,7 @@ def igemm_text(g: _IGemm, acc: str, expr, offset, shape) -> list[str]:
                 out.append(f"    {{ const int hl_e = hl_tid + {q * t}; {guard}{{ {pos(which)} {st} }} }}")
         return out
 
-    def frag(name: str, arr: str, n: int, base: str) -> list[str]:
-        out = [f"      float {name}[{n}];"]
-        if n % 4 == 0:
-            for v in range(0, n, 4):
-                out.append(f"      {{ const float4 t = *(const float4*)&{arr}[{base} + {v}]; {name}[{v}] = t.x; "
-                           f"{name}[{v + 1}] = t.y; {name}[{v + 2}] = t.z; {name}[{v + 3}] = t.w; }}")
-        else:
-            out += [f"      {name}[{v}] = {arr}[{base} + {v}];" for v in range(n)]
-        return out
+    frag = _fragment
 
     na, la = count("a")
     nb, lb = count("b")

@@ -553,6 +553,16 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
         if b is not None:
             wrap_up(b, *settle(b))
 
+    def drain() -> bool:
+        """Settle what is in flight (the defaults first); False when nothing was."""
+        if trial0 is not None:
+            settle_defaults()
+        elif pending is not None:
+            flush()
+        else:
+            return False
+        return True
+
     def warm_up(i: int, cands: list[Schedule], stats: dict) -> list[Schedule]:
         """A fresh task's first round, ranked by a model that already ranks (pretrained), measured in parts
         (setting tune_warmup): after each part the model learns it and ranks the rest of the round's candidates
@@ -636,27 +646,18 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
                 continue
             flying += len(trial0[0]) if trial0 is not None else 0
             if trials is not None and total() + flying >= trials:
-                if pending is not None:
-                    flush()
+                if drain():
                     continue
                 stop = f"trial budget ({trials}) reached"
                 break
             if time_budget is not None and elapsed() >= time_budget:
-                if trial0 is not None:
-                    settle_defaults()
-                    continue
-                if pending is not None:
-                    flush()
+                if drain():
                     continue
                 stop = f"time budget ({fmt_time(time_budget)}) reached"
                 break
             i = sched.next_task(derive_rng(seed, "task", total() + flying))
             if i is None:   # every task stopped, or the scheduler has not seen the batch in flight yet
-                if trial0 is not None:
-                    settle_defaults()
-                    continue
-                if pending is not None:
-                    flush()
+                if drain():
                     continue
                 stop = "every subgraph stopped"
                 break
