@@ -1557,6 +1557,31 @@ def _fragment(name: str, arr: str, n: int, base: str) -> list[str]:
     return out
 
 
+def _double_buffered_k_loop(kt: int, bk: int, mr: int, nr: int, acc: str, load_next: list[str],
+                            store_next: list[str], b_frag: list[str]) -> list[str]:
+    """The K-tile loop of the GEMM and implicit-GEMM templates: tile kt + 1 is loaded into registers
+    (`load_next`) while tile kt is computed from shared buffer hl_cur (A fragment of `mr`, B fragment `b_frag`
+    of `nr`, `acc[i * nr + j] += a[i] * b[j]`), then stored into the other buffer (`store_next`); one barrier per
+    tile."""
+    return [f"  for (int hl_kt = 0; hl_kt < {kt}; ++hl_kt) {{",
+            "    const int hl_cur = hl_kt & 1;",
+            f"    if (hl_kt + 1 < {kt}) {{", *["  " + x for x in load_next], "    }",
+            "    #pragma unroll",
+            f"    for (int hl_kk = 0; hl_kk < {bk}; ++hl_kk) {{",
+            *_fragment("hl_a", "hl_As[hl_cur][hl_kk]", mr, "hl_r0"),
+            *b_frag,
+            "      #pragma unroll",
+            f"      for (int i = 0; i < {mr}; ++i) {{",
+            "        #pragma unroll",
+            f"        for (int j = 0; j < {nr}; ++j) {acc}[i * {nr} + j] = {acc}[i * {nr} + j] + "
+            "hl_a[i] * hl_b[j];",
+            "      }",
+            "    }",
+            f"    if (hl_kt + 1 < {kt}) {{", *["  " + x for x in store_next], "    }",
+            "    __syncthreads();",
+            "  }"]
+
+
 def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     """CUDA C lines of the GEMM template: double-buffered shared tiles (one barrier per K tile, the next tile
     loaded into registers while the current one is computed), float4 global loads, A stored transposed in
@@ -1622,23 +1647,8 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
         return out
 
     o += ["  {", *load("0"), *store("0"), "  }", "  __syncthreads();",
-          f"  for (int hl_kt = 0; hl_kt < {kt}; ++hl_kt) {{",
-          "    const int hl_cur = hl_kt & 1;",
-          f"    if (hl_kt + 1 < {kt}) {{", *["  " + x for x in load("(hl_kt + 1)")], "    }",
-          "    #pragma unroll",
-          f"    for (int hl_kk = 0; hl_kk < {g.bk}; ++hl_kk) {{",
-          *frag("hl_a", "hl_As[hl_cur][hl_kk]", g.mr, "hl_r0"),
-          *(split_frag() if split else frag("hl_b", "hl_Bs[hl_cur][hl_kk]", g.nr, "hl_c0")),
-          "      #pragma unroll",
-          f"      for (int i = 0; i < {g.mr}; ++i) {{",
-          "        #pragma unroll",
-          f"        for (int j = 0; j < {g.nr}; ++j) {acc}[i * {g.nr} + j] = {acc}[i * {g.nr} + j] + "
-          "hl_a[i] * hl_b[j];",
-          "      }",
-          "    }",
-          f"    if (hl_kt + 1 < {kt}) {{", *["  " + x for x in store("hl_cur ^ 1")], "    }",
-          "    __syncthreads();",
-          "  }",
+          *_double_buffered_k_loop(kt, g.bk, g.mr, g.nr, acc, load("(hl_kt + 1)"), store("hl_cur ^ 1"),
+                                   split_frag() if split else frag("hl_b", "hl_Bs[hl_cur][hl_kk]", g.nr, "hl_c0")),
           "}"]
     return o
 
@@ -2200,23 +2210,8 @@ def igemm_text(g: _IGemm, acc: str, expr, offset, shape) -> list[str]:
             f"  {ta} hl_ra[{la}];",
             f"  {tb} hl_rb[{lb}];",
             *load("0"), *store("0"), "  __syncthreads();",
-            f"  for (int hl_kt = 0; hl_kt < {g.kt}; ++hl_kt) {{",
-            "    const int hl_cur = hl_kt & 1;",
-            f"    if (hl_kt + 1 < {g.kt}) {{", *["  " + x for x in load("hl_kt + 1")], "    }",
-            "    #pragma unroll",
-            f"    for (int hl_kk = 0; hl_kk < {g.bk}; ++hl_kk) {{",
-            *frag("hl_a", "hl_As[hl_cur][hl_kk]", g.mr, "hl_r0"),
-            *frag("hl_b", "hl_Bs[hl_cur][hl_kk]", g.nr, "hl_c0"),
-            "      #pragma unroll",
-            f"      for (int i = 0; i < {g.mr}; ++i) {{",
-            "        #pragma unroll",
-            f"        for (int j = 0; j < {g.nr}; ++j) {acc}[i * {g.nr} + j] = {acc}[i * {g.nr} + j] + "
-            "hl_a[i] * hl_b[j];",
-            "      }",
-            "    }",
-            f"    if (hl_kt + 1 < {g.kt}) {{", *["  " + x for x in store("hl_cur ^ 1")], "    }",
-            "    __syncthreads();",
-            "  }",
+            *_double_buffered_k_loop(g.kt, g.bk, g.mr, g.nr, acc, load("hl_kt + 1"), store("hl_cur ^ 1"),
+                                     frag("hl_b", "hl_Bs[hl_cur][hl_kk]", g.nr, "hl_c0")),
             "}"]
 
 

@@ -34,8 +34,8 @@ One run:
   6. a fresh task's first round, when the cost model already ranks (the pretrained one), is measured in parts
      (`tune_warmup`, default 8, 8, 16, 16): after each part the model learns it and the rest of the round's
      candidates are ranked again (`rerank`), except once, when WARM_EVOLVE_AFTER trials are known, where a new
-     evolution from the measured bests proposes them; so the run's own measurements steer the round at once.  Pipelined
-     with one task, the default schedule is measured while the first round is searched.
+     evolution from the measured bests proposes them; so the run's own measurements steer the round at once.
+     Pipelined with one task, the default schedule is measured while the first round is searched.
 Each run writes a JSON-lines log `tune-<model>-<time>.jsonl` under the log dir (one line per batch).
 Randomness: every round draws from `derive_rng(seed, trials so far, task)`, so a seeded run proposes the same
 candidates when the measurements are the same.
@@ -566,7 +566,8 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
     def warm_up(i: int, cands: list[Schedule], stats: dict) -> list[Schedule]:
         """A fresh task's first round, ranked by a model that already ranks (pretrained), measured in parts
         (setting tune_warmup): after each part the model learns it and ranks the rest of the round's candidates
-        again (`rerank`: no new evolution).  Returns what is left of the round, for the usual path."""
+        again (`rerank`: no new evolution), except once, past WARM_EVOLVE_AFTER trials, where a new evolution
+        proposes them.  Returns what is left of the round, for the usual path."""
         nonlocal pending
         r = runs[i]
         evolved = False
@@ -641,9 +642,6 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
         while True:
             ctrl_c.check()
             flying = len(pending.cands) if pending is not None else 0
-            if trial0 is not None and (pending is not None or (trials is not None and total() + 1 >= trials)):
-                settle_defaults()
-                continue
             flying += len(trial0[0]) if trial0 is not None else 0
             if trials is not None and total() + flying >= trials:
                 if drain():
