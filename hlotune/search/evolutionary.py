@@ -6,6 +6,8 @@ Map:
     .observe(schedules, costs)                        measured results: the best seed the next population
     .rerank(n, measured, rng) -> list[Schedule]       more of the last round's candidates, ranked by the model as
                                                       it is now (the tuner's first round, measured in parts)
+    .sketch_bests_first(cands) -> list[Schedule]      the same batch with each sketch's best candidate up front
+                                                      (the first part of a fresh task's first round)
   score(space, model, schedules, cache) -> ndarray    predicted scores (higher = faster), features cached
   fanout(fn, jobs, workers)                           a round's sampling / children chunks (CHUNKS, each its own
                                                       random stream) run in processes forked from this one
@@ -189,6 +191,7 @@ class EvolutionarySearch:
         self.stats: dict[str, float] = {}
         self.pool: list[Schedule] = []          # the last round's scored candidates (for `rerank`)
         self.pool_random: list[Schedule] = []   # and its random samples
+        self.pool_score: dict[str, float] = {}  # the pool's predicted scores, by key
 
     # ------------------------------------------------------------------ measured results
     def observe(self, schedules: list[Schedule], costs: list[float]) -> None:
@@ -314,8 +317,28 @@ class EvolutionarySearch:
         self.stats = {"init_s": t_init, "score_s": t_score, "total_s": time.perf_counter() - t0,
                       "candidates": len(cands)}
         self.pool = [s for _, s in cands.values()]
+        self.pool_score = {k: v for k, (v, _) in cands.items()}
         self.pool_random = rand
         return out
+
+    def sketch_bests_first(self, cands: list[Schedule]) -> list[Schedule]:
+        """`cands` (a batch from `propose` or `rerank`) reordered: the default-like seeds, then the model's best
+        candidate of each sketch of the last round's pool, scored as of that call (best first), then the rest in
+        their order, cut to `len(cands)`.  A pretrained model can rank one sketch's
+        schedules far too high on a new task; measured in parts, the first parts then try every sketch and the
+        model learns which ones suit this task before the rest is ranked again."""
+        seeds = {s.key for s in self.space.seeds}
+        best: dict[str, tuple[float, str, Schedule]] = {}
+        for s in self.pool:
+            v = self.pool_score.get(s.key, np.nan)   # scored as of the last call: not measured then
+            if s.key in seeds or not np.isfinite(v):
+                continue
+            if s.sketch not in best or (-v, s.key) < (-best[s.sketch][0], best[s.sketch][1]):
+                best[s.sketch] = (v, s.key, s)
+        ahead = [s for s in cands if s.key in seeds]
+        ahead += [s for _, _, s in sorted(best.values(), key=lambda t: (-t[0], t[1]))]
+        keys = {s.key for s in ahead}
+        return (ahead + [s for s in cands if s.key not in keys])[: len(cands)]
 
     def rerank(self, n: int, measured: set[str], rng: random.Random) -> list[Schedule]:
         """Up to `n` more schedules from the last round's scored candidates, ranked again by the model as it is
@@ -325,6 +348,7 @@ class EvolutionarySearch:
         if not pool or n <= 0:
             return []
         sc = score(self.space, self.model, pool, self.cache)
+        self.pool_score = {s.key: float(v) for s, v in zip(pool, sc)}
         n_rand = min(n, int(round(self.eps_greedy * n)))
         ranked = sorted((j for j in range(len(pool)) if np.isfinite(sc[j])), key=lambda j: (-sc[j], pool[j].key))
         out = [pool[j] for j in ranked[: n - n_rand]]

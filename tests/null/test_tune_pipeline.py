@@ -325,6 +325,14 @@ def test_first_round_is_measured_in_parts_and_reranked(model, tmp_path, monkeypa
         return out
 
     monkeypatch.setattr(EvolutionarySearch, "rerank", rerank)
+    first = []
+    original_first = EvolutionarySearch.sketch_bests_first
+
+    def sketch_bests_first(self, cands):
+        first.append([s.key for s in original_first(self, cands)])
+        return original_first(self, cands)
+
+    monkeypatch.setattr(EvolutionarySearch, "sketch_bests_first", sketch_bests_first)
     monkeypatch.setenv("HLOTUNE_TUNE_WARMUP", "8,8,16,16")
     meas = SizesMeasurer()
     cm = _pretrained(model)
@@ -337,6 +345,43 @@ def test_first_round_is_measured_in_parts_and_reranked(model, tmp_path, monkeypa
     # ranked again, except once 16 trials were known (a second evolution: the second proposal of the run)
     assert learnt == [("rerank", n0 + 9), ("rerank", n0 + 33), ("rerank", n0 + 49)]
     assert proposals["n"] == 2
+    # the first part (after the default) is the batch with every sketch's best up front (WARM_SKETCH_PARTS = 1)
+    assert len(first) == 1 and meas.seen[1:9] == first[0][:8]
+
+
+def test_first_part_tries_each_sketch_best(model):
+    """The first part of a fresh task's first round: the default-like seeds, then the model's best candidate of
+    every sketch (best first), then the batch as proposed; nothing lost or repeated."""
+    import random
+
+    from hlotune.schedule_space.task import tasks_from_subgraphs
+    from hlotune.search.space import TaskSpace
+    from tests.null.test_search import TARGET
+
+    space = TaskSpace(tasks_from_subgraphs(model.frontend.subgraphs, TARGET)[0])
+    ev = EvolutionarySearch(space, _pretrained(model), population=256, generations=1, workers=1)
+    cands = ev.propose(32, set(), random.Random(3))
+    out = ev.sketch_bests_first(cands)
+    assert len(out) == len(cands) and len({s.key for s in out}) == len(out)
+    pool = {s.key for s in ev.pool} | {s.key for s in cands}
+    assert all(s.key in pool for s in out)
+    seeds = [s for s in cands if s.key in {x.key for x in space.seeds}]
+    assert out[: len(seeds)] == seeds
+    sketches = {s.sketch for s in ev.pool if s.key not in {x.key for x in space.seeds}}
+    assert len(sketches) >= 2   # else the test shows nothing
+    best = {}
+    for s in ev.pool:
+        if s.key not in {x.key for x in space.seeds}:
+            v = ev.pool_score[s.key]
+            if s.sketch not in best or v > best[s.sketch][0]:
+                best[s.sketch] = (v, s.key)
+    head = out[len(seeds): len(seeds) + len(sketches)]
+    assert {s.key for s in head} == {k for _, k in best.values()}
+    assert [ev.pool_score[s.key] for s in head] == sorted((v for v, _ in best.values()), reverse=True)
+    # the rest keeps the proposed order
+    rest = [s.key for s in out[len(seeds) + len(sketches):]]
+    assert rest == [s.key for s in cands if s.key not in {x.key for x in out[: len(seeds) + len(sketches)]}][
+        : len(rest)]
 
 
 def test_first_round_in_one_piece_when_off_or_cold(model, tmp_path, monkeypatch):
