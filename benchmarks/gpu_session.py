@@ -219,6 +219,25 @@ GEMM_VARIANTS = [
       for label, flags in ((f"{tiles} registers", {"GEMM_STAGES": 0}),
                            (f"{tiles} cp.async 3 A row", {"GEMM_STAGES": 3, "GEMM_A_ROW": True, **ASYNC_ALWAYS}))],
 ]
+#: tensor-core variants (`--variants mma`): register tiles (MR, NR, TI, TJ, BK) the mma template takes (TJ = 4)
+MMA_TILES = ((4, 16, 32, 4, 16), (2, 8, 64, 4, 16), (2, 16, 32, 4, 16), (8, 16, 16, 4, 16), (2, 16, 64, 4, 16),
+             (4, 8, 64, 4, 16), (4, 8, 32, 4, 16), (2, 8, 32, 4, 16), (8, 8, 32, 4, 16))
+#: matmul variants of `--variants mma`: label -> schedule options (cuBLAS float32 and TF32 timed in the same call)
+MMA_MATMUL = {"FFMA template (no tensor cores)": ({"tensor_core": 0}, {}),
+              "3xTF32, default tiles": ({"tensor_core": 3}, {}), "1xTF32, default tiles": ({"tensor_core": 1}, {}),
+              "3xTF32, default tiles, acc in the mma": ({"tensor_core": 3}, {"GEMM_MMA_SPLIT_ACC": False}),
+              **{f"3xTF32 {t}": ({"tensor_core": 3, "tiles": t}, {}) for t in MMA_TILES}}
+#: GEMM-bound subgraphs of `--variants mma` (FFMA default, 3xTF32 default tiles, 3xTF32 under other tiles)
+MMA_SUBGRAPHS = (("rmsnorm_swiglu", "dot_general.4"), ("rmsnorm_swiglu", "mul.19"), ("rmsnorm_swiglu", "dot_general.5"),
+                 ("transformer_block", "dot_general.6"), ("transformer_block", "add.1"),
+                 ("transformer_block", "dot_general.10"), ("dense_bias_relu", "max.3"), ("mlp2", "max.3"),
+                 ("mlp_train_step", "output_fusion"))
+MMA_GEMM_VARIANTS = [(model, name, label, opts, {}) for model, name in MMA_SUBGRAPHS
+                     for label, opts in (("FFMA (no tensor cores)", {"tensor_core": 0}),
+                                         ("3xTF32, default tiles", {"tensor_core": 3}),
+                                         *[(f"3xTF32 {t}", {"tensor_core": 3, "tiles": t}) for t in MMA_TILES[:4]])]
+#: models timed with and without the tensor-core path by `--variants mma`
+MMA_MODELS = ("matmul", "transformer_block", "rmsnorm_swiglu", "mlp_train_step", "dense_bias_relu", "mlp2")
 SMS = 132
 TORCH_MODELS: set | None = None    # --torch-models: only these get torch.compile
 MODELS_TORCH = {
@@ -317,9 +336,10 @@ def _conv_reference(torch, x, w, b):
     return torch.relu(y).permute(0, 2, 3, 1).contiguous()
 
 
-def gemm_variants(torch, log) -> list[dict]:
-    """The GEMM-bound subgraphs of GEMM_VARIANTS: each variant built, checked (the conv against torch's conv2d
-    without TF32, the others against `evaluate_compute`) and timed (TFLOP/s of the tiled reduction)."""
+def gemm_variants(torch, log, variants=None) -> list[dict]:
+    """The GEMM-bound subgraphs of GEMM_VARIANTS (or `variants`): each variant built, checked (the conv against
+    torch's conv2d without TF32, the others against `evaluate_compute`) and timed (TFLOP/s of the tiled
+    reduction)."""
     from hlotune.codegen.cuda_runtime import build_cuda
     from hlotune.ir.compute import constant_values
     from hlotune.ir.compute_eval import evaluate_compute
@@ -327,7 +347,7 @@ def gemm_variants(torch, log) -> list[dict]:
 
     out = []
     cache: dict = {}
-    for model, name, label, opts, flags in GEMM_VARIANTS:
+    for model, name, label, opts, flags in (GEMM_VARIANTS if variants is None else variants):
         r: dict = {"model": model, "subgraph": name, "variant": label}
         try:
             if (model, name) not in cache:
@@ -356,6 +376,7 @@ def gemm_variants(torch, log) -> list[dict]:
             t = float(np.median(kern.time(*d_in, *d_out, min_time=0.05, repeat=3)))
             r.update({"us": t * 1e6, "tflops": flops / t / 1e12, "rel_err": err,
                       "template": ("implicit" if "implicit-GEMM template" in kern.text
+                                   else "mma" if "tensor cores" in kern.text
                                    else "gemm" if "GEMM template" in kern.text else ""),
                       "resources": _resources(kern)})
             rs = r["resources"][0]
@@ -368,6 +389,82 @@ def gemm_variants(torch, log) -> list[dict]:
             traceback.print_exc()
         out.append(r)
     return out
+
+
+def _max_err(c, ref) -> float:
+    """max |C - C64| / max |C64| (the largest error relative to the largest output)."""
+    return float((c.double() - ref).abs().max() / ref.abs().max())
+
+
+def _mma_time(n: int, label: str, fn, c, ref, torch, log, extra=None, kern=None, args=()) -> dict:
+    """One matmul n^3 variant: `fn` writes c; GFLOP/s (our kernels: `kern.time`, device time without the host's
+    per-launch cost) and its errors against the float64 product `ref`."""
+    c.fill_(float("nan"))
+    fn()
+    torch.cuda.synchronize()
+    if kern is not None:
+        t = float(np.median(kern.time(*args, min_time=0.05 if n <= 1024 else 0.1, repeat=3)))
+    else:
+        t = _events_time(fn, torch, reps=10 if n <= 1024 else 3)
+    r = {"n": n, "variant": label, "gflops": 2 * n ** 3 / t / 1e9, "us": t * 1e6, "max_err": _max_err(c, ref),
+         "rel_err": float(torch.linalg.norm(c.double() - ref) / torch.linalg.norm(ref)), **(extra or {})}
+    rs = f", regs {r['resources'][0]['regs']}, local {r['resources'][0]['local_bytes']}" if "resources" in r else ""
+    log(f"  mma matmul {n} {label}: {r['gflops']:.0f} GFLOP/s ({r['us']:.1f} us), max err {r['max_err']:.2e}, "
+        f"norm err {r['rel_err']:.2e}{rs}")
+    return r
+
+
+def mma_variants(torch, log, sizes=(1024, 4096)) -> list[dict]:
+    """`--variants mma`: matmul n^3 under MMA_MATMUL (FFMA template, 3xTF32, 1xTF32, tiles) beside cuBLAS float32 and
+    cuBLAS TF32 (torch allow_tf32) in the same call: GFLOP/s, the error against a float64 product on N(0, 1) inputs
+    (max-normalized and norm-wise), registers / local bytes."""
+    import hlotune
+    from hlotune.codegen.cuda_runtime import build_cuda
+
+    out = []
+    for n in sizes:
+        (sg,) = hlotune.load_model(_mm_hlo(n)).frontend.subgraphs
+        cd = sg.workload.compute
+        gen = torch.Generator(device="cuda").manual_seed(n)
+        a = torch.randn(n, n, device="cuda", generator=gen)
+        b = torch.randn(n, n, device="cuda", generator=gen)
+        c = torch.full((n, n), float("nan"), device="cuda")
+        ref = a.double() @ b.double()
+        for tf32 in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.set_float32_matmul_precision("high" if tf32 else "highest")
+            out.append(_mma_time(n, f"cuBLAS {'TF32' if tf32 else 'float32'}",
+                                 lambda x=a, y=b, z=c: torch.matmul(x, y, out=z), c, ref, torch, log))
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+        for label, (opts, flags) in MMA_MATMUL.items():
+            try:
+                kern = _variant_kernel(cd, f"mm{n}", opts, flags, build_cuda)
+                tmpl = "mma" if "tensor cores" in kern.text else "gemm" if "GEMM template" in kern.text else ""
+                extra = {"template": tmpl, "resources": _resources(kern),
+                         "launch": [(ln.grid, ln.block, ln.shared_bytes) for ln in kern.source.launches]}
+                out.append(_mma_time(n, label, lambda k=kern, x=a, y=b, z=c: k(x, y, z), c, ref, torch, log, extra,
+                                     kern, (a, b, c)))
+            except Exception as e:
+                out.append({"n": n, "variant": label, "error": f"{type(e).__name__}: {e}"[:400]})
+                log(f"  mma matmul {n} {label}: ERROR {out[-1]['error'][:300]}")
+    return out
+
+
+def mma_models(torch, log, deadline: float, names=None) -> list[dict]:
+    """MMA_MODELS (or `names`) whole (device-resident) with the default schedules (3xTF32 where the default takes it)
+    and with the tensor-core path off (default_gpu.TENSOR_CORE = 0), JAX in the same call for the first."""
+    import hlotune.schedule_space.default_gpu as dg
+
+    res = []
+    for tc in (dg.TENSOR_CORE, 0):
+        old, dg.TENSOR_CORE = dg.TENSOR_CORE, tc
+        try:
+            for r in models(torch, log, deadline, False, names=list(names or MMA_MODELS), with_jax=tc != 0):
+                res.append({**r, "tensor_core": tc})
+        finally:
+            dg.TENSOR_CORE = old
+    return res
 
 
 def elementwise_variants(torch, copy_gbs: float, log) -> list[dict]:
@@ -760,6 +857,31 @@ def precompile(log) -> int:
         for sg in hlotune.load_model(str(model_path(name))).frontend.subgraphs:
             choice = choose_schedule(sg.workload, None, tgt)
             add(lower(sg.workload.compute, choice.steps, name=_kernel_name(sg.name)))
+    # tensor cores (`--variants mma`, tests/gpu/test_cuda_mma.py): matmul and subgraph variants, the models with the
+    # tensor-core path off, the tests' dots and fused subgraphs
+    import hlotune.schedule_space.default_gpu as dg
+    for n in (1024, 4096):
+        (sg,) = hlotune.load_model(_mm_hlo(n)).frontend.subgraphs
+        for opts, flags in MMA_MATMUL.values():
+            _variant_kernel(sg.workload.compute, f"mm{n}", opts, flags, add)
+    for model, name, _, opts, flags in MMA_GEMM_VARIANTS:
+        sg = _gemm_subgraph(model, name)
+        _variant_kernel(sg.workload.compute, sg.name, opts, flags, add)
+    old_tc, dg.TENSOR_CORE = dg.TENSOR_CORE, 0
+    try:
+        for name in MMA_MODELS:
+            for sg in hlotune.load_model(str(model_path(name, "bench.hlo"))).frontend.subgraphs:
+                choice = choose_schedule(sg.workload, None, tgt)
+                add(lower(sg.workload.compute, choice.steps, name=_kernel_name(sg.name)))
+    finally:
+        dg.TENSOR_CORE = old_tc
+    from tests.gpu.test_cuda_mma import FUSED, mma_cases
+    for _, hlo, opts in mma_cases():
+        (sg,) = hlotune.load_model(hlo).frontend.subgraphs
+        _variant_kernel(sg.workload.compute, sg.name, opts, {}, add)
+    for model, name in FUSED:
+        sg = _gemm_subgraph(model, name)
+        _variant_kernel(sg.workload.compute, sg.name, {"tensor_core": 3}, {}, add)
     log(f"precompile: {len(texts)} kernels")
     errors = []
 
@@ -794,8 +916,11 @@ def main() -> int:
                     help="no GPU: compile every default kernel of this script into the local cubin cache")
     ap.add_argument("--torch-models", default=None, help="comma-separated models timed with torch.compile too")
     ap.add_argument("--variants", default="matmul,ew",
-                    help="comma-separated variant groups: matmul, ew, row, gemm (GEMM-bound subgraphs)")
+                    help="comma-separated variant groups: matmul, ew, row, gemm (GEMM-bound subgraphs), mma "
+                         "(tensor cores: matmul beside cuBLAS float32 / TF32, GEMM subgraphs, models on / off)")
     ap.add_argument("--models", default=None, help="comma-separated models (default: all fixtures + MODEL_EXTRA)")
+    ap.add_argument("--mma-parts", default="matmul,subgraphs,models", help="parts of --variants mma")
+    ap.add_argument("--mma-models", default=None, help="models of --variants mma (default: MMA_MODELS)")
     ap.add_argument("--torch-only", default=None, metavar="MODELS",
                     help="only ours vs torch.compile for these models (comma-separated; '' = all of MODELS_TORCH)")
     args = ap.parse_args()
@@ -860,6 +985,17 @@ def main() -> int:
             res["elementwise_variants"] = elementwise_variants(torch, res["copy_gbs"], log)
         if "gemm" in groups:
             res["gemm_variants"] = gemm_variants(torch, log)
+        if "mma" in groups:
+            parts = set(args.mma_parts.split(","))
+            if "matmul" in parts:
+                res["mma_matmul"] = mma_variants(torch, log)
+                (out / "gpu_session.json").write_text(json.dumps(res, indent=1, default=str))
+            if "subgraphs" in parts:
+                res["mma_subgraphs"] = gemm_variants(torch, log, MMA_GEMM_VARIANTS)
+                (out / "gpu_session.json").write_text(json.dumps(res, indent=1, default=str))
+            if "models" in parts:
+                res["mma_models"] = mma_models(torch, log, time.time() + 240,
+                                               args.mma_models.split(",") if args.mma_models else None)
     (out / "gpu_session.json").write_text(json.dumps(res, indent=1, default=str))
     if not args.skip_tests:
         res["tests"] = run_tests(out, max(60.0, t_start + args.budget + 200 - time.time()))
@@ -906,6 +1042,38 @@ def main() -> int:
                 rs = r["resources"][0]
                 md.append(f"| {r['model']}/{r['subgraph']} {r['variant']} | {r['us']:.1f} | {r['tflops']:.1f} | "
                           f"{r['rel_err']:.1e} | {r['template']} | {rs['regs']} | {rs['grid']} x {rs['block']} |")
+    if res.get("mma_matmul"):
+        md += ["", "| matmul (mma variants) | GFLOP/s | us | max err | norm err | template | regs | local bytes |",
+               "|---|---|---|---|---|---|---|---|"]
+        for r in res["mma_matmul"]:
+            if "error" in r:
+                md.append(f"| {r['n']} {r['variant']} | error | | {r['error'][:80]} | | | | |")
+                continue
+            rs = (r.get("resources") or [{}])[0]
+            md.append(f"| {r['n']}^3 {r['variant']} | {r['gflops']:.0f} | {r['us']:.1f} | {r['max_err']:.2e} | "
+                      f"{r['rel_err']:.2e} | {r.get('template', '')} | {rs.get('regs', '')} | "
+                      f"{rs.get('local_bytes', '')} |")
+    if res.get("mma_subgraphs"):
+        md += ["", "| GEMM-bound subgraph (mma variants) | us | TFLOP/s | rel err | template | regs | launch |",
+               "|---|---|---|---|---|---|---|"]
+        for r in res["mma_subgraphs"]:
+            if "error" in r:
+                md.append(f"| {r['model']}/{r['subgraph']} {r['variant']} | error | | {r['error'][:80]} | | | |")
+            else:
+                rs = r["resources"][0]
+                md.append(f"| {r['model']}/{r['subgraph']} {r['variant']} | {r['us']:.1f} | {r['tflops']:.1f} | "
+                          f"{r['rel_err']:.1e} | {r['template']} | {rs['regs']} | {rs['grid']} x {rs['block']} |")
+    if res.get("mma_models"):
+        md += ["", "| model (mma on / off) | tensor_core | ours us | kernels alone us | JAX us | JAX reference us | "
+               "x reference | rel err vs JAX |", "|---|---|---|---|---|---|---|---|"]
+        for r in res["mma_models"]:
+            if "error" in r:
+                md.append(f"| {r['model']} | {r['tensor_core']} | error | {r['error'][:80]} | | | | |")
+                continue
+            xr = (r["jax_ref_s"] / r["ours_s"]) if r.get("jax_ref_s") else 0
+            md.append(f"| {r['model']} | {r['tensor_core']} | {r['ours_s'] * 1e6:.1f} | "
+                      f"{r.get('ours_device_s', 0) * 1e6:.1f} | {r.get('jax_s', 0) * 1e6:.1f} | "
+                      f"{(r.get('jax_ref_s') or 0) * 1e6:.1f} | {xr:.2f} | {r.get('rel_err_vs_jax', -1):.1e} |")
     if res.get("elementwise_variants"):
         md += ["", "| elementwise variant | us | GB/s | % copy |", "|---|---|---|---|"]
         for r in res["elementwise_variants"]:

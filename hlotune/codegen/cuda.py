@@ -16,6 +16,11 @@ Map:
                             (A row-major; `GEMM_STAGES`, `GEMM_A_ROW`) or, for 16-row register tiles and 8-row ones in
                             small grids, double-buffered float4 register prefetch (A transposed), one barrier per K
                             tile (`GEMM_TEMPLATE`)
+  _gemm_mma_text            the GEMM template on tensor cores, chosen by the schedule (a ("tensor_core", 3) pragma on
+                            the K-tile loop, where the tiling fits: `_mma_fits`): 3xTF32 mma.sync m16n8k8 (float32-
+                            class error), the loop nest's accumulators used directly as the mma C fragments (TJ = 4
+                            makes a warp's 8 x 4 thread grid the fragment's lane grid); `mma_index_exprs` gives its
+                            index expressions (emulated on the CPU by tests/null/test_cuda_mma.py)
   _igemm_info / igemm_text  the implicit-GEMM template: a register-tiled K-tile loop without shared stages whose
                             operands are proven to depend on the thread only through tid / TJ (A) and tid % TJ (B)
                             (a conv reading through an inlined pad, NT / TN dots) gets cooperative shared tiles
@@ -1380,9 +1385,13 @@ class _Gemm:
     b_batch: int
     stages: int = 0     # 0: register prefetch, two shared buffers; >= 2: a cp.async ring (`GEMM_STAGES`)
     a_row: bool = False     # cp.async: A row-major in shared memory (`GEMM_A_ROW`)
+    mma: int = 0        # tensor cores (`_gemm_mma_text`): TF32 passes per product, 3 (3xTF32) or 1; 0: FFMA
+    pad_a: int = 4      # mma: floats of padding per row of A's shared tile (`_mma_pad_a`)
 
     @property
     def shared_bytes(self) -> int:
+        if self.mma:
+            return 4 * self.stages * (self.bm * (self.bk + self.pad_a) + self.bk * self.bn)
         return 4 * max(2, self.stages) * self.bk * (self.bm + 4 + self.bn)
 
 
@@ -1502,7 +1511,10 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
               m * k if len(ga.shape) > 2 and nbat > 1 else 0, k * n if len(gb.shape) > 2 and nbat > 1 else 0)
     if g.shared_bytes > STATIC_SHARED_LIMIT:
         return None
-    if GEMM_STAGES >= 2 and mr <= GEMM_ASYNC_MAX_MR and (mr < 8 or plan.grid[0] >= GEMM_ASYNC_MR8_BLOCKS):
+    tc = dict(s.annotations).get("tensor_core", 0)
+    if tc in MMA_PASSES and GEMM_MMA and _mma_fits(g):
+        g = _mma_gemm(g, int(tc))
+    elif GEMM_STAGES >= 2 and mr <= GEMM_ASYNC_MAX_MR and (mr < 8 or plan.grid[0] >= GEMM_ASYNC_MR8_BLOCKS):
         per_stage = 4 * bk * (bm + 4 + bn)
         stages = min(GEMM_STAGES, STATIC_SHARED_LIMIT // per_stage, kt + 1)
         if stages >= 2:
@@ -1587,7 +1599,10 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     loaded into registers while the current one is computed), float4 global loads, A stored transposed in
     shared memory so that both operands are read as float4; acc[i * NR + j] += A[row, k] * B[k, col] for the
     thread's rows (tile row * BM + (tid / TJ) * MR + i) and columns (tile col * BN + (tid % TJ) * NR + j).
-    With `g.stages` >= 2 the cp.async ring instead (`_gemm_async_text`)."""
+    With `g.stages` >= 2 the cp.async ring instead (`_gemm_async_text`), with `g.mma` tensor cores
+    (`_gemm_mma_text`)."""
+    if g.mma:
+        return _gemm_mma_text(g, acc, a, b)
     if g.stages >= 2:
         return _gemm_async_text(g, acc, a, b)
     tj = g.bn // g.nr
@@ -1786,6 +1801,230 @@ def _gemm_async_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
           "    }",
           "    hl_cp_commit();",
           "    #pragma unroll",
+          *compute,
+          f"    hl_cur = hl_cur == {st - 1} ? 0 : hl_cur + 1;",
+          "  }",
+          "  __syncthreads();",
+          "}"]
+    return o
+
+
+# ----------------------------------------------------------------------------- GEMM template on tensor cores
+
+#: a K-tile loop with the pragma ("tensor_core", P), P in MMA_PASSES, runs the GEMM template on tensor cores
+#: (`_gemm_mma_text`) where its tiling fits (`_mma_fits`), else the FFMA template; off: always FFMA (benchmarks)
+GEMM_MMA = True
+MMA_PASSES = (1, 3)     # 3: 3xTF32 (float32-class error), 1: plain TF32 (for comparison only)
+GEMM_MMA_STAGES = 3     # the mma template's cp.async ring (fewer where they would not fit in 48 KB)
+#: 3xTF32: each 8-k step's three products summed by the tensor cores into a zeroed fragment, then added to the
+#: accumulators by FADD (round to nearest).  The tensor cores' own accumulation does not round to nearest (it
+#: truncates), so summing straight into the running accumulators biases the result by up to 3 x K / 8 truncations of
+#: |acc|: on the H200, N(0, 1) inputs, max error / max |C| 8.9e-6 at K = 1024 and 3.2e-5 at K = 4096 against 1.4e-6 /
+#: 2.8e-6 for the FFMA template (off: straight into the accumulators, for comparison)
+GEMM_MMA_SPLIT_ACC = True
+
+#: sm_80+ tensor-core helpers (added to a module's prelude only when a kernel uses them).  hl_split_tf32: x = big +
+#: small with big = x rounded to TF32 (nearest, ties away: cvt.rna), small = (x - big) rounded to TF32 (x - big is
+#: exact in float32).  hl_mma_tf32: D = A (16x8) B (8x8) + C on one warp, fragments in the PTX ISA layout of
+#: mma.m16n8k8 .tf32 (g = lane / 4, t = lane % 4; a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4);
+#: b0 (k t, n g), b1 (k t + 4, n g); c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1)).  Below sm_80
+#: the same sums by warp shuffles and FFMA (not fast; never measured).
+MMA_PRELUDE = r"""
+HL_INL unsigned hl_tf32(float x) {
+#if __CUDA_ARCH__ >= 800
+  unsigned r; asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x)); return r;
+#else
+  const unsigned b = __float_as_uint(x);
+  return ((b & 0x7f800000u) == 0x7f800000u) ? b : ((b + 0x1000u) & 0xffffe000u);
+#endif
+}
+HL_INL void hl_split_tf32(float x, unsigned& big, unsigned& small) {
+  big = hl_tf32(x);
+  small = hl_tf32(x - __uint_as_float(big));
+}
+HL_INL void hl_mma_tf32(float& c0, float& c1, float& c2, float& c3, unsigned a0, unsigned a1, unsigned a2,
+                        unsigned a3, unsigned b0, unsigned b1) {
+#if __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n" : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+  const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+  for (int k = 0; k < 4; ++k) {
+    const float x0 = __uint_as_float(__shfl_sync(0xffffffffu, a0, g * 4 + k));
+    const float x1 = __uint_as_float(__shfl_sync(0xffffffffu, a1, g * 4 + k));
+    const float x2 = __uint_as_float(__shfl_sync(0xffffffffu, a2, g * 4 + k));
+    const float x3 = __uint_as_float(__shfl_sync(0xffffffffu, a3, g * 4 + k));
+    const float y00 = __uint_as_float(__shfl_sync(0xffffffffu, b0, 8 * t + k));
+    const float y01 = __uint_as_float(__shfl_sync(0xffffffffu, b0, 8 * t + 4 + k));
+    const float y10 = __uint_as_float(__shfl_sync(0xffffffffu, b1, 8 * t + k));
+    const float y11 = __uint_as_float(__shfl_sync(0xffffffffu, b1, 8 * t + 4 + k));
+    c0 += x0 * y00 + x2 * y10; c1 += x0 * y01 + x2 * y11; c2 += x1 * y00 + x3 * y10; c3 += x1 * y01 + x3 * y11;
+  }
+#endif
+}
+"""
+
+
+def _mma_fits(g: _Gemm) -> bool:
+    """The mma template's tiling: 4 thread columns (TJ = 4: a warp is 8 thread rows x 4 thread columns, the mma
+    fragment's groupID x threadID_in_group), MR even (two rows per m16 fragment), NR 8 or 16 (B's shared rows
+    swizzled in 16-byte chunks), BK a multiple of 16 (each thread reads 4 consecutive k of A as one float4), whole
+    warps, and a ring of at least 2 stages within 48 KB."""
+    if g.bn // g.nr != 4 or g.mr % 2 or g.nr not in (8, 16) or g.bk % 16 or g.threads % 32:
+        return False
+    return _mma_gemm(g, 3).stages >= 2
+
+
+def _mma_pad_a(mr: int, bk: int) -> int:
+    """Padding of A's shared rows (a multiple of 4 floats, 16-byte rows) so that the float4 reads of a quarter
+    warp (thread rows g, g + 1: MR rows apart) fall in different banks: MR (BK + pad) = 16 mod 32 where possible."""
+    return next((p for p in range(4, 36, 4) if mr * (bk + p) % 32 == 16), 4)
+
+
+def _mma_gemm(g: _Gemm, passes: int) -> _Gemm:
+    g = dataclasses.replace(g, mma=passes, pad_a=_mma_pad_a(g.mr, g.bk), a_row=True, stages=1)
+    per_stage = g.shared_bytes
+    return dataclasses.replace(g, stages=max(0, min(GEMM_MMA_STAGES, STATIC_SHARED_LIMIT // per_stage,
+                                                    g.k // g.bk + 1)))
+
+
+def mma_index_exprs(g: _Gemm) -> dict:
+    """The index expressions of `_gemm_mma_text` (C text, also valid Python for non-negative ints once `/` is
+    read as `//`), which the template is built from: thread variables (hl_g, hl_t, hl_r0, hl_bsw, hl_bc<v>),
+    the copies (chunk q of a tile: A at [a_row][a_col], B at [b_row][b_col]), the fragments (per 16-k chunk c and
+    8-k step s: A row i at column a_frag_col(c); B at row b_frag_row(c, s, e) column hl_bc<v>; A registers a0..a3
+    from the float4 of rows 2 mi, 2 mi + 1) and the accumulator of each of c0..c3 (over hl_mi, hl_ni)."""
+    nr, mr, bk, bn = g.nr, g.mr, g.bk, g.bn
+    ka, nb4 = bk // 4, bn // 4
+    d = nr // 8          # chunks between the B fragment columns of thread rows g and g + 1
+
+    def swz(t: str) -> str:   # XOR of B's chunks in row 4 t + 0..3 (mod 16): 4 distinct values apart from d
+        return f"(({t}) << 1)" if d == 1 else f"((({t}) & 1) | ((({t}) & 2) << 1))"
+
+    half = nr // 2
+    return {
+        "g": "(hl_tid & 31) >> 2", "t": "hl_tid & 3", "r0": f"(hl_tid >> 2) * {mr}",
+        "bsw": swz("hl_t"),
+        "bc": [f"((((hl_g >> 1) * {nr // 4} + (hl_g & 1) * {d} + {v}) ^ hl_bsw) * 4)" for v in range(nr // 8)],
+        "a_row": f"q / {ka}", "a_col": f"(q % {ka}) * 4",
+        "b_row": f"q / {nb4}", "b_col": f"(((q % {nb4}) ^ {swz(f'(q / {nb4} >> 2) & 3')}) * 4)",
+        "a_frag_row": "hl_r0 + {i}", "a_frag_col": "{c16} + hl_t * 4",
+        "b_frag_row": "{k0} + hl_t * 4",
+        "a_regs": {"a0": ("2 * hl_mi", 0), "a1": ("2 * hl_mi + 1", 0), "a2": ("2 * hl_mi", 1),
+                   "a3": ("2 * hl_mi + 1", 1)},
+        "acc": {"c0": f"2 * hl_mi * {nr} + hl_ni", "c1": f"2 * hl_mi * {nr} + {half} + hl_ni",
+                "c2": f"(2 * hl_mi + 1) * {nr} + hl_ni", "c3": f"(2 * hl_mi + 1) * {nr} + {half} + hl_ni"},
+    }
+
+
+def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
+    """The GEMM template on tensor cores (mma.sync m16n8k8, TF32 in, float32 accumulate), `g.mma` = 3: 3xTF32
+    (each operand split into big + small TF32 parts; small x big, big x small, big x big accumulated in that order,
+    small x small dropped; per 8-k step into a zeroed fragment added to the accumulators by FADD,
+    `GEMM_MMA_SPLIT_ACC`), 1: plain TF32.  Copies: the cp.async ring of `_gemm_async_text` (A row-major with padded
+    rows, B row-major with its 16-byte chunks XOR-swizzled per 4 rows).  Thread tid = 32 w + 4 g + t (TJ = 4) owns
+    rows r0 = (tid / 4) MR + [0, MR) and columns t NR + [0, NR), as the loop nest says; its accumulators are the
+    loop nest's own (acc[i NR + j]) used directly as mma C fragments: fragment row g (g + 8) of m-tile mi is tile row
+    (8 w + g) MR + 2 mi (+ 1), fragment column 2 t' + e of n-tile ni is tile column t' NR + e NR / 2 + ni, so each
+    thread's four C registers are its own acc[2 mi NR + ni], acc[2 mi NR + NR/2 + ni], acc[(2 mi + 1) NR + ni],
+    acc[(2 mi + 1) NR + NR/2 + ni].  K: per 16-k chunk, fragment column t (t + 4) of step s is k = 4 t + 2 s (+ 1),
+    so a thread's A values of a row are one float4 (its 4 k) and its B values two rows of NR / 2 consecutive
+    columns.  The sums over k run in another order than the FFMA template's (and through the tensor cores)."""
+    e = mma_index_exprs(g)
+    na, nb = g.bm * g.bk // 4, g.bk * g.bn // 4
+    la, lb = max(1, na // g.threads), max(1, nb // g.threads)
+    ga = f"if (hl_tid < {na}) " if na < g.threads else ""
+    gb = f"if (hl_tid < {nb}) " if nb < g.threads else ""
+    st, nbj, nbi, kt = g.stages, g.n // g.bn, g.m // g.bm, g.k // g.bk
+    half, nv = g.nr // 2, g.nr // 8
+    o = [f"{{  // GEMM template: {g.bm}x{g.bn}x{g.bk} tile, {g.mr}x{g.nr} per thread, "
+         f"{'3xTF32' if g.mma == 3 else 'TF32'} tensor cores (mma.sync m16n8k8), {st}-stage cp.async ring",
+         f"  __shared__ __align__(16) float hl_As[{st}][{g.bm}][{g.bk + g.pad_a}];",
+         f"  __shared__ __align__(16) float hl_Bs[{st}][{g.bk}][{g.bn}];",
+         "  const int hl_tid = threadIdx.x, hl_bid = blockIdx.x;",
+         f"  const int hl_bj = hl_bid % {nbj}, hl_bi = (hl_bid / {nbj}) % {nbi}, hl_bb = hl_bid / {nbj * nbi};",
+         f"  const float* __restrict__ hl_A = {a} + (long long)hl_bb * {g.a_batch}LL + (long long)hl_bi * "
+         f"{g.bm * g.k}LL;",
+         f"  const float* __restrict__ hl_B = {b} + (long long)hl_bb * {g.b_batch}LL + hl_bj * {g.bn};",
+         f"  const int hl_g = {e['g']}, hl_t = {e['t']};",
+         f"  const int hl_r0 = {e['r0']};",
+         f"  const int hl_bsw = {e['bsw']};",
+         "  const int " + ", ".join(f"hl_bc{v} = {x}" for v, x in enumerate(e["bc"])) + ";"]
+
+    def issue(kexpr: str, sexpr: str) -> list[str]:
+        out = []
+        for q in range(la):
+            out.append(f"      {ga}{{ const int q = hl_tid + {q * g.threads}; hl_cp16(&hl_As[{sexpr}][{e['a_row']}]"
+                       f"[{e['a_col']}], hl_A + ({e['a_row']}) * {g.k} + {kexpr} * {g.bk} + {e['a_col']}); }}")
+        for q in range(lb):
+            out.append(f"      {gb}{{ const int q = hl_tid + {q * g.threads}; hl_cp16(&hl_Bs[{sexpr}][{e['b_row']}]"
+                       f"[{e['b_col']}], hl_B + ({kexpr} * {g.bk} + {e['b_row']}) * {g.n} + (q % {g.bn // 4}) * 4); }}")
+        return out
+
+    three = g.mma == 3
+    compute = []
+    for c in range(g.bk // 16):
+        compute.append(f"    {{  // k {16 * c} .. {16 * c + 15} of the tile")
+        compute.append(f"      float4 hl_fa[{g.mr}];")
+        for i in range(g.mr):
+            compute.append(f"      hl_fa[{i}] = *(const float4*)&hl_As[hl_cur][{e['a_frag_row'].format(i=i)}]"
+                           f"[{e['a_frag_col'].format(c16=16 * c)}];")
+        for s in range(2):
+            lo, hi = ("x", "y") if s == 0 else ("z", "w")
+            compute.append(f"      {{  // step {s}: fragment column t (t + 4) is k {16 * c + 2 * s} + 4 t (+ 1)")
+            regs = ("hl_b0", "hl_b1", "hl_b0s", "hl_b1s") if three else ("hl_b0", "hl_b1")
+            compute.append("        unsigned " + ", ".join(f"{r}[{half}]" for r in regs) + ";")
+            for ee in range(2):
+                row = e["b_frag_row"].format(k0=16 * c + 2 * s + ee)
+                for v in range(nv):
+                    compute.append(f"        {{ const float4 f = *(const float4*)&hl_Bs[hl_cur][{row}][hl_bc{v}];")
+                    for x, comp in enumerate("xyzw"):
+                        j = 4 * v + x
+                        if three:
+                            compute.append(f"          hl_split_tf32(f.{comp}, hl_b{ee}[{j}], hl_b{ee}s[{j}]);")
+                        else:
+                            compute.append(f"          hl_b{ee}[{j}] = hl_tf32(f.{comp});")
+                    compute.append("        }")
+            compute += ["        #pragma unroll",
+                        f"        for (int hl_mi = 0; hl_mi < {g.mr // 2}; ++hl_mi) {{"]
+            ar = e["a_regs"]
+            if three:
+                compute.append("          unsigned " + ", ".join(f"hl_{r}, hl_{r}s" for r in ar) + ";")
+                for r, (row, hl) in ar.items():
+                    compute.append(f"          hl_split_tf32(hl_fa[{row}].{(lo, hi)[hl]}, hl_{r}, hl_{r}s);")
+            else:
+                for r, (row, hl) in ar.items():
+                    compute.append(f"          const unsigned hl_{r} = hl_tf32(hl_fa[{row}].{(lo, hi)[hl]});")
+            cs = ", ".join(f"{acc}[{e['acc'][c_]}]" for c_ in ("c0", "c1", "c2", "c3"))
+            compute += ["          #pragma unroll",
+                        f"          for (int hl_ni = 0; hl_ni < {half}; ++hl_ni) {{"]
+            cacc = [f"{acc}[{e['acc'][c_]}]" for c_ in ("c0", "c1", "c2", "c3")]
+            part = three and GEMM_MMA_SPLIT_ACC
+            if part:    # the step's products into a zeroed fragment, then added to the accumulators (FADD, RN)
+                compute.append("            float hl_p0 = 0.0f, hl_p1 = 0.0f, hl_p2 = 0.0f, hl_p3 = 0.0f;")
+                cs = "hl_p0, hl_p1, hl_p2, hl_p3"
+            if three:
+                compute += [f"            hl_mma_tf32({cs}, hl_a0s, hl_a1s, hl_a2s, hl_a3s, hl_b0[hl_ni], "
+                            "hl_b1[hl_ni]);",
+                            f"            hl_mma_tf32({cs}, hl_a0, hl_a1, hl_a2, hl_a3, hl_b0s[hl_ni], hl_b1s[hl_ni]);"]
+            compute.append(f"            hl_mma_tf32({cs}, hl_a0, hl_a1, hl_a2, hl_a3, hl_b0[hl_ni], hl_b1[hl_ni]);")
+            if part:
+                compute += [f"            {x} = {x} + hl_p{q};" for q, x in enumerate(cacc)]
+            compute += ["          }", "        }", "      }"]
+        compute.append("    }")
+    for s0 in range(st - 1):    # one commit group per tile (empty past the last tile)
+        o += ["  {", *issue(str(s0), str(s0)), "  }"] if s0 < kt else []
+        o.append("  hl_cp_commit();")
+    o += ["  int hl_cur = 0;",
+          f"  for (int hl_kt = 0; hl_kt < {kt}; ++hl_kt) {{",
+          f"    hl_cp_wait<{st - 2}>();",
+          "    __syncthreads();",
+          f"    if (hl_kt + {st - 1} < {kt}) {{",
+          f"      const int hl_nk = hl_kt + {st - 1}, hl_ns = hl_cur == 0 ? {st - 1} : hl_cur - 1;",
+          *issue("hl_nk", "hl_ns"),
+          "    }",
+          "    hl_cp_commit();",
           *compute,
           f"    hl_cur = hl_cur == {st - 1} ? 0 : hl_cur + 1;",
           "  }",
@@ -2246,6 +2485,8 @@ def generate_cuda(func: LoopFunc) -> CudaSource:
         launches.append(launch)
     if any("hl_cp_commit();" in t for t in body_text):
         head.append(CP_ASYNC_PRELUDE)
+    if any("hl_mma_tf32(" in t for t in body_text):
+        head.append(MMA_PRELUDE)
     temp_decls = tuple(BufferDecl(a.buffer, a.shape, a.dtype, "global") for a in temps)
     return CudaSource(func, "\n".join(head + body_text) + "\n", tuple(launches), temp_decls, 32 if idx == "int" else 64)
 
@@ -2387,4 +2628,5 @@ def _align16(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
-__all__ = ["generate_cuda", "CudaSource", "Launch", "ctype", "const_text", "PRELUDE", "igemm_loop_nest"]
+__all__ = ["generate_cuda", "CudaSource", "Launch", "ctype", "const_text", "PRELUDE", "igemm_loop_nest",
+           "mma_index_exprs"]

@@ -6,7 +6,9 @@ Map:
                           computing an MR x NR register tile of Rd (local), Rd's reduction split by BK;
                           for plain products of two inputs, shared-memory tiles of both (cache_read,
                           cooperative fetch by all threads of the block at each BK step); products in another
-                          layout (NT, TN dots): register tiles only (the code generator's implicit-GEMM template)
+                          layout (NT, TN dots): register tiles only (the code generator's implicit-GEMM template);
+                          dots of at least TENSOR_CORE_MIN_FLOPS in the template's layout: _MMA_TILES and a
+                          ("tensor_core", 3) pragma on the K-tile loop (3xTF32 tensor cores, `_tensor_core`)
   _implicit_gemm(...)     a conv over (batch..., H, W, N): M = output pixels in H x W tiles of one image, N =
                           output channels, K = the reduce axes fused in the filter's order; register tiles at the
                           thread loop, no cache_read (the implicit-GEMM template fetches through the inlined pad)
@@ -40,6 +42,7 @@ from .steps import (
     ComputeAt,
     ComputeInline,
     Fuse,
+    Pragma,
     Reorder,
     RFactor,
     Split,
@@ -59,7 +62,8 @@ def default_gpu_schedule(cd: ComputeDef, target: Target | None = None, rng=None,
     block of elementwise stages; row-fused subgraphs: "row_fused" (False: one kernel per stage), "rows" per
     block, "row_cache" (the row's inputs copied to shared memory first), "row_keep" (False: inline softmax's exp
     twice); convs: "conv_tiles" = (MH, MW, TH, TW, NR, TJ[, BK]), "implicit_gemm" (False: the tiling before the
-    implicit-GEMM template, also for dots outside the GEMM template's layout)."""
+    implicit-GEMM template, also for dots outside the GEMM template's layout); dots: "tensor_core" = TF32 passes
+    (0: FFMA, 1, 3: 3xTF32) instead of the TENSOR_CORE rule (with "tiles": on those tiles)."""
     global _RNG, _OPTS
     max_threads = (target.max_threads_per_block if target is not None and target.max_threads_per_block
                    else MAX_THREADS)
@@ -288,11 +292,54 @@ def _template_layout(stage: Stage) -> bool:
 _IMPLICIT_TILES = ((8, 4, 8, 16, 8, 0.9), (4, 4, 16, 16, 16, 0.9), (4, 4, 8, 16, 16, 0.9)) + _WARP_ROW_TILES[2:]
 
 
+#: dots on tensor cores (3xTF32, `codegen.cuda._gemm_mma_text`): (MR, NR, TI, TJ, BK, waves) as above, TJ = 4 (a warp is
+#: the mma fragment's 8 x 4 lanes), BK 16; the first that divides the output and gives `waves` x SM count blocks
+#: H200, 3xTF32 (docs/gpu.md, session 5): 4096^3 4x16 on 32x4 threads 48.1k GFLOP/s (230 registers) against 43.2k for
+#: the FFMA template; 1024^3 4x8 on 32x4 (256 blocks) 36.8k against 35.4k (2x8 on 64x4 31.5k, 4x16 on 32x4 in 128
+#: blocks 32.3k); rmsnorm_swiglu's dots (256-704 blocks, K 1024-2816) 4x16 on 32x4 0.6-9 % faster; dense_bias_relu
+#: (512 x 1024, K 1024) 2x8 on 64x4 3 % faster
+_MMA_TILES = ((4, 16, 32, 4, 16, 1.9), (4, 8, 32, 4, 16, 1.9), (2, 8, 64, 4, 16, 0.9), (2, 16, 32, 4, 16, 0.9),
+              (2, 8, 32, 4, 16, 0.9))
+#: TF32 passes of the default's tensor-core dots (3: 3xTF32; 0: every dot on FFMA), the smallest dot (2 M N K flops)
+#: and reduction (K) that get them (H200: transformer_block's dots of K 512 and 128 were 17-50 % slower than the FFMA
+#: template, mlp2's and mlp_train_step's of K 784 11-20 %)
+TENSOR_CORE = 3
+TENSOR_CORE_MIN_FLOPS = 1 << 30
+TENSOR_CORE_MIN_K = 1024
+
+
+def _tensor_core(I: int, J: int, K: int, batch: int, max_threads: int) -> int:
+    """TF32 passes for a dot of two plain inputs in the GEMM template's layout (0: FFMA): options "tensor_core"
+    (0, 1 or 3) where given (with options "tiles": those tiles, whether the template can take them or not), else
+    TENSOR_CORE for dots of at least TENSOR_CORE_MIN_FLOPS and TENSOR_CORE_MIN_K that an _MMA_TILES entry divides
+    (K a multiple of 16) unless options "tiles" are given."""
+    if _RNG is not None:
+        return 0
+    if "tensor_core" in _OPTS:
+        want = int(_OPTS["tensor_core"])
+        if not want or "tiles" in _OPTS:
+            return want
+    elif "tiles" in _OPTS or 2 * I * J * K * batch < TENSOR_CORE_MIN_FLOPS or K < TENSOR_CORE_MIN_K:
+        return 0
+    else:
+        want = TENSOR_CORE
+    ok = any(I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0 and K % t[4] == 0 and K > t[4]
+             and t[2] * t[3] <= max_threads for t in _MMA_TILES)
+    return want if ok else 0
+
+
 def _tile_sizes(I: int, J: int, K: int, max_threads: int, batch: int = 1,
-                implicit: bool = False) -> tuple[int, int, int, int, int]:
+                implicit: bool = False, mma: bool = False) -> tuple[int, int, int, int, int]:
     """(MR, NR, TI, TJ, BK): per-thread register tile, thread grid, reduction step (all divisors)."""
     if "tiles" in _OPTS:
         return tuple(int(x) for x in _OPTS["tiles"])  # type: ignore[return-value]
+    if mma:
+        fits = [t for t in _MMA_TILES if I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0 and K % t[4] == 0
+                and K > t[4] and t[2] * t[3] <= max_threads]
+        for mr, nr, ti, tj, bk, waves in fits:
+            if batch * (I // (mr * ti)) * (J // (nr * tj)) >= waves * _OPTS.get("sms", SMS) or \
+                    (mr, nr, ti, tj, bk, waves) == fits[-1]:
+                return mr, nr, ti, tj, bk
     if _RNG is None:
         fits = [t for t in (_IMPLICIT_TILES if implicit else _WARP_ROW_TILES)
                 if I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0 and t[2] * t[3] <= max_threads]
@@ -329,7 +376,8 @@ def _tiled(cd: ComputeDef, out: str, red: str, axes, red_stage: Stage, max_threa
                 and not _template_layout(red_stage))
     if implicit:
         pair = None   # register tiles only: the code generator's implicit-GEMM template fetches the shared tiles
-    mr, nr, ti, tj, bk = _tile_sizes(ax_i.extent, ax_j.extent, k_axes[-1].extent, max_threads, nb, implicit)
+    mma = _tensor_core(ax_i.extent, ax_j.extent, k_axes[-1].extent, nb, max_threads) if pair is not None else 0
+    mr, nr, ti, tj, bk = _tile_sizes(ax_i.extent, ax_j.extent, k_axes[-1].extent, max_threads, nb, implicit, mma > 0)
     i, j = ax_i.name, ax_j.name
     steps: list[Step] = []
     if pair is not None:
@@ -354,6 +402,8 @@ def _tiled(cd: ComputeDef, out: str, red: str, axes, red_stage: Stage, max_threa
     steps.append(Reorder(red, tuple([a.name for a in batch] + korder + [i, j])))
     steps += [Annotate(red, kin, ForKind.UNROLLED), Annotate(red, i, ForKind.UNROLLED),
               Annotate(red, j, ForKind.UNROLLED)]
+    if mma and kin != klast:   # the K-tile loop: the GEMM template runs on tensor cores where its tiling fits
+        steps.append(Pragma(red, f"{klast}.0", "tensor_core", mma))
     if pair is not None:
         at = korder[-2] if len(korder) >= 2 else None
         nthreads = ti * tj

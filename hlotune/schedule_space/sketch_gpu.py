@@ -29,7 +29,9 @@ Sketch rules, visited from the last stage to the first (as on the CPU):
   full          a reduction to a scalar: partials per (block, thread), a second cross-thread level
   elementwise   fuse all axes, blockIdx / `per` elements per thread (unrolled) / threadIdx
 Every kernel also has an `unroll` knob: an auto_unroll_max_step pragma from {0, 16, 64, 512, 1024} on its block
-loop (the codegen unrolls a serial loop whose fully unrolled size is within it).
+loop (the codegen unrolls a serial loop whose fully unrolled size is within it).  Tiled kernels with shared operands
+have an `mma` knob where the tiling fits the tensor-core GEMM template (TJ = 4, MR even, NR = 8, BK a multiple of
+16): 0 or 3, a ("tensor_core", 3) pragma on the K-tile loop (3xTF32 mma.sync in `codegen.cuda._gemm_mma_text`).
 Plus the default GPU schedule as a hole-free sketch (id of ("default",), as on the CPU).
 
 Not yet: a vthread level (the codegen runs VTHREAD loops as unrolled serial loops, so a strided thread tile needs
@@ -38,7 +40,8 @@ an unrolled loop of consecutive elements per thread).
 
 Mutations (`MUTATION_GROUPS`): tile size (a register-tile factor or the reduction block; or moving a factor
 between the register and thread levels of one axis), thread binding (threads per block, the thread grid of a
-tile, elements per thread, blocks of partials), unroll (pragma, unrolled inner loops), fetch vector width.
+tile, elements per thread, blocks of partials), unroll (pragma, unrolled inner loops), fetch vector width,
+tensor cores (the `mma` knob).
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ STATIC_SHARED = 48 * 1024
 MAX_SKETCHES = 8
 
 KNOBS: dict[str, tuple[str, ...]] = {
-    "tiled": ("mr", "nr", "ti", "tj", "bk", "vec", "kunroll", "unroll"),
+    "tiled": ("mr", "nr", "ti", "tj", "bk", "vec", "kunroll", "unroll", "mma"),
     "row": ("threads", "userial", "unroll"),
     "serial": ("threads", "per", "unroll"),
     "elementwise": ("threads", "per", "unroll"),
@@ -112,7 +115,12 @@ MUTATION_GROUPS = (
     ("thread_binding", ("ti", "tj", "threads", "per", "blocks"), 0.3),
     ("unroll", ("unroll", "kunroll", "userial"), 0.15),
     ("vector", ("vec",), 0.1),
+    ("tensor_core", ("mma",), 0.1),
 )
+#: TF32 passes a tiled kernel may choose (`mma` knob: a ("tensor_core", 3) pragma on its K-tile loop; the code
+#: generator's GEMM template then runs on tensor cores, 3xTF32, where the tiling fits it: shared operands, TJ = 4,
+#: MR even, NR = 8, BK a multiple of 16, float32)
+MMA_CHOICES = (0, 3)
 TRIES = 8
 
 
@@ -293,6 +301,10 @@ def _free_domain(k: Kernel, knob: str, d: dict) -> list[int]:
         return list(VEC_CHOICES) if k.shared else [1]
     if knob == "kunroll":
         return [0, 1]
+    if knob == "mma":
+        fits = (k.shared and k.size("elem") == 4 and d["tj"] == 4 and d["mr"] % 2 == 0 and d["nr"] == 8
+                and d["bk"] % 16 == 0 and d["bk"] < k.size("K"))
+        return list(MMA_CHOICES) if fits else [0]
     if knob == "userial":
         return [0, 1] if 1 < k.size("rn") // d["threads"] <= 64 else [0]
     raise KeyError(knob)
@@ -370,6 +382,8 @@ def _tiled_steps(cd: ComputeDef, k: Kernel, d: dict) -> list[Step]:
                           Annotate(sh, f"{fused}.2", ForKind.UNROLLED)]
             else:
                 steps += [Split(sh, fused, (nthreads,)), Annotate(sh, f"{fused}.1", ForKind.THREAD_X)]
+    if d.get("mma") and pair is not None and kin != klast:   # the K-tile loop: GEMM template on tensor cores
+        steps.append(Pragma(red, f"{klast}.0", "tensor_core", int(d["mma"])))
     return steps + _pragma(out, bname, d["unroll"])
 
 
@@ -504,8 +518,9 @@ def _knob_alternatives(sketch: GpuSketch, k: Kernel, cur: tuple, knob: str) -> l
         for p in alts:
             e = dict(d)
             e.update(zip(shape, p))
-            if "userial" in e and e["userial"] not in _free_domain(k, "userial", e):
-                e["userial"] = 0
+            for free in ("userial", "mma"):
+                if free in e and e[free] not in _free_domain(k, free, e):
+                    e[free] = 0
             out.append(tuple(e[x] for x in names))
         return out
     dom = _free_domain(k, knob, d)
@@ -563,7 +578,7 @@ def _default_point(sketch: GpuSketch, k: Kernel) -> tuple[int, ...] | None:
     """The default GPU schedule's choices for kernel `k` (default_gpu's heuristics), when legal."""
     from .default_gpu import _WARP_ROW_TILES, SMS, THREADS, _divisor_at_most, _pow2_at_most
 
-    d: dict[str, int] = {"unroll": 0, "vec": 1, "kunroll": 1, "userial": 0}
+    d: dict[str, int] = {"unroll": 0, "vec": 1, "kunroll": 1, "userial": 0, "mma": 0}
     if k.kind == "tiled":
         I, J, K = k.size("I"), k.size("J"), k.size("K")
         fits = [t for t in _WARP_ROW_TILES if I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0]

@@ -64,7 +64,7 @@ from .steps import (
 )
 
 SCOPES = ("global", "local", "shared")
-PRAGMAS = ("auto_unroll_max_step", "unroll_explicit")
+PRAGMAS = ("auto_unroll_max_step", "unroll_explicit", "tensor_core")   # tensor_core: codegen.cuda GEMM template
 
 
 @dataclass(frozen=True)

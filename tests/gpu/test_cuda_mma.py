@@ -1,0 +1,105 @@
+"""GPU tier: the GEMM template on tensor cores (3xTF32 mma.sync, `codegen.cuda._gemm_mma_text`) against numpy
+float64 on random N(0, 1) inputs.  Error measure: max |C - C64| / max |C64| (the largest error relative to the
+largest output).  Documented tolerance: 3xTF32 within 2x of the FFMA template's error on the same inputs (plus
+1e-7 of slack for tiny errors) and below 1e-5; plain TF32 (1 pass) is checked to be the coarser one (so a 3xTF32
+kernel that silently ran 1 pass would fail).  Also fused epilogues (bias + ReLU, residual add, the SwiGLU product)
+of the fixtures' GEMM subgraphs at bench size (against `evaluate_compute`, float32 numpy, same measure, 1e-5), a
+non-square and a batched dot; every case must take the mma template."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hlotune.ir.compute import constant_values
+from hlotune.ir.compute_eval import evaluate_compute
+from hlotune.schedule_space.default_gpu import default_gpu_schedule
+from hlotune.schedule_space.lower import lower
+
+TOL_3X = 1e-5
+
+
+def _dot_hlo(m: int, k: int, n: int, batch: int = 0) -> str:
+    if batch:
+        return (f"HloModule b\nENTRY m {{\n  a = f32[{batch},{m},{k}] parameter(0)\n  b = f32[{batch},{k},{n}] "
+                f"parameter(1)\n  ROOT d = f32[{batch},{m},{n}] dot(a, b), lhs_batch_dims={{0}}, rhs_batch_dims={{0}}, "
+                "lhs_contracting_dims={2}, rhs_contracting_dims={1}\n}\n")
+    return (f"HloModule mm\nENTRY m {{\n  a = f32[{m},{k}] parameter(0)\n  b = f32[{k},{n}] parameter(1)\n"
+            f"  ROOT d = f32[{m},{n}] dot(a, b), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n}}\n")
+
+
+def mma_cases() -> list:
+    """(label, HLO text, schedule options) of the dot checks (also compiled ahead by gpu_session --precompile)."""
+    out = []
+    for m, k, n, b in ((256, 1024, 256, 0), (256, 4096, 128, 0), (384, 1536, 192, 0), (128, 512, 128, 4)):
+        hlo = _dot_hlo(m, k, n, b)
+        out.append((f"{m}x{k}x{n} b{b} ffma", hlo, {"tensor_core": 0}))
+        out.append((f"{m}x{k}x{n} b{b} 3xtf32", hlo, {"tensor_core": 3}))
+        out.append((f"{m}x{k}x{n} b{b} 1xtf32", hlo, {"tensor_core": 1}))
+    hlo = _dot_hlo(256, 512, 128)
+    for tiles in ((4, 16, 32, 4, 16), (2, 8, 64, 4, 16), (4, 8, 16, 4, 32)):
+        out.append((f"256x512x128 {tiles} 3xtf32", hlo, {"tensor_core": 3, "tiles": tiles}))
+    return out
+
+
+def _build(hlo_or_sg, opts: dict, label: str):
+    import hlotune
+    from hlotune.codegen.cuda_runtime import build_cuda
+
+    sg = hlo_or_sg
+    if isinstance(hlo_or_sg, str):
+        (sg,) = hlotune.load_model(hlo_or_sg).frontend.subgraphs
+    cd = sg.workload.compute
+    return sg, build_cuda(lower(cd, default_gpu_schedule(cd, options=dict(opts)), name=sg.name), context=label)
+
+
+def _err(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.max(np.abs(got.astype(np.float64) - want)) / np.max(np.abs(want)))
+
+
+def test_mma_dots_against_float64():
+    errs: dict = {}
+    for label, hlo, opts in mma_cases():
+        sg, kern = _build(hlo, opts, label)
+        cd = sg.workload.compute
+        assert ("tensor cores" in kern.text) == bool(opts.get("tensor_core")), label
+        rng = np.random.default_rng(len(label))
+        a, b = (rng.standard_normal(x.shape).astype(np.float32) for x in cd.inputs[:2])
+        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        out = np.full(want.shape, np.nan, np.float32)
+        kern(a, b, out)
+        errs[label] = _err(out, want)
+    print({k: f"{v:.2e}" for k, v in errs.items()})
+    for label, e in errs.items():
+        if label.endswith("3xtf32") and not label.startswith("256x512x128 ("):
+            ffma = errs[label.replace("3xtf32", "ffma")]
+            one = errs[label.replace("3xtf32", "1xtf32")]
+            assert e <= min(2 * ffma + 1e-7, TOL_3X), (label, e, ffma)
+            assert one > 4 * e, (label, one, e)
+        elif label.endswith("3xtf32"):
+            assert e <= TOL_3X, (label, e)
+
+
+#: GEMM subgraphs of the fixtures at bench size with fused epilogues (model, subgraph)
+FUSED = (("dense_bias_relu", "max.3"), ("transformer_block", "add.1"), ("rmsnorm_swiglu", "mul.19"),
+         ("matmul", "dot_general.1"))
+
+
+@pytest.mark.parametrize("model,name", FUSED)
+def test_mma_fused_epilogues_agree_with_algorithm(model, name):
+    import hlotune
+    from tests.conftest import model_path
+
+    sg = next(s for s in hlotune.load_model(model_path(model, "bench.hlo")).frontend.subgraphs if s.name == name)
+    sg, kern = _build(sg, {"tensor_core": 3}, f"{model}/{name} 3xtf32")
+    assert "3xTF32 tensor cores" in kern.text, (model, name)
+    cd = sg.workload.compute
+    rng = np.random.default_rng(5)
+    k = len(sg.computation.parameters)
+    args = [rng.standard_normal(b.shape).astype(b.dtype.np) for b in cd.inputs[:k]]
+    consts = constant_values(cd)
+    want = evaluate_compute(cd, args)   # the algorithm (numpy, float32: its own rounding counts against the bound)
+    outs = [np.full(w.shape, np.nan, np.float32) for w in want]
+    kern(*args, *[consts[b.name] for b in cd.inputs[k:]], *outs)
+    for w, g in zip(want, outs):
+        assert _err(g, np.asarray(w, np.float64)) <= TOL_3X, (model, name)
