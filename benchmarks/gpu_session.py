@@ -225,6 +225,13 @@ MMA_TILES = ((4, 16, 32, 4, 16), (2, 8, 64, 4, 16), (2, 16, 32, 4, 16), (8, 16, 
 #: matmul variants of `--variants mma`: label -> schedule options (cuBLAS float32 and TF32 timed in the same call)
 MMA_MATMUL = {"FFMA template (no tensor cores)": ({"tensor_core": 0}, {}),
               "3xTF32, default tiles": ({"tensor_core": 3}, {}), "1xTF32, default tiles": ({"tensor_core": 1}, {}),
+              "3xTF32, default tiles, steps one by one (session 5)": ({"tensor_core": 3},
+                                                                      {"GEMM_MMA_PAIR_STEPS": False}),
+              "3xTF32, default tiles, B split once per block": ({"tensor_core": 3}, {"GEMM_MMA_B_PLANES": True}),
+              "3xTF32, default tiles, B split once per block, steps one by one": (
+                  {"tensor_core": 3}, {"GEMM_MMA_B_PLANES": True, "GEMM_MMA_PAIR_STEPS": False}),
+              "1xTF32, default tiles, B converted once per block": ({"tensor_core": 1}, {"GEMM_MMA_B_PLANES": True}),
+              "3xTF32, default tiles, integer TF32 rounding": ({"tensor_core": 3}, {"GEMM_MMA_INT_ROUND": True}),
               "3xTF32, default tiles, acc in the mma": ({"tensor_core": 3}, {"GEMM_MMA_SPLIT_ACC": False}),
               **{f"3xTF32 {t}": ({"tensor_core": 3, "tiles": t}, {}) for t in MMA_TILES}}
 #: GEMM-bound subgraphs of `--variants mma` (FFMA default, 3xTF32 default tiles, 3xTF32 under other tiles)
@@ -232,10 +239,15 @@ MMA_SUBGRAPHS = (("rmsnorm_swiglu", "dot_general.4"), ("rmsnorm_swiglu", "mul.19
                  ("transformer_block", "dot_general.6"), ("transformer_block", "add.1"),
                  ("transformer_block", "dot_general.10"), ("dense_bias_relu", "max.3"), ("mlp2", "max.3"),
                  ("mlp_train_step", "output_fusion"))
-MMA_GEMM_VARIANTS = [(model, name, label, opts, {}) for model, name in MMA_SUBGRAPHS
-                     for label, opts in (("FFMA (no tensor cores)", {"tensor_core": 0}),
-                                         ("3xTF32, default tiles", {"tensor_core": 3}),
-                                         *[(f"3xTF32 {t}", {"tensor_core": 3, "tiles": t}) for t in MMA_TILES[:4]])]
+MMA_GEMM_VARIANTS = [(model, name, label, opts, flags) for model, name in MMA_SUBGRAPHS
+                     for label, opts, flags in (("FFMA (no tensor cores)", {"tensor_core": 0}, {}),
+                                                ("3xTF32, default tiles", {"tensor_core": 3}, {}),
+                                                ("3xTF32, default tiles, steps one by one (session 5)",
+                                                 {"tensor_core": 3}, {"GEMM_MMA_PAIR_STEPS": False}),
+                                                ("3xTF32, default tiles, B split once per block",
+                                                 {"tensor_core": 3}, {"GEMM_MMA_B_PLANES": True}),
+                                                *[(f"3xTF32 {t}", {"tensor_core": 3, "tiles": t}, {})
+                                                  for t in MMA_TILES[:2]])]
 #: models timed with and without the tensor-core path by `--variants mma`
 MMA_MODELS = ("matmul", "transformer_block", "rmsnorm_swiglu", "mlp_train_step", "dense_bias_relu", "mlp2")
 SMS = 132

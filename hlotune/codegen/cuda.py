@@ -1390,8 +1390,9 @@ class _Gemm:
 
     @property
     def shared_bytes(self) -> int:
-        if self.mma:
-            return 4 * self.stages * (self.bm * (self.bk + self.pad_a) + self.bk * self.bn)
+        if self.mma:    # the ring, and with `GEMM_MMA_B_PLANES` B's small TF32 plane (3xTF32)
+            plane = self.bk * self.bn if GEMM_MMA_B_PLANES and self.mma == 3 else 0
+            return 4 * (self.stages * (self.bm * (self.bk + self.pad_a) + self.bk * self.bn) + plane)
         return 4 * max(2, self.stages) * self.bk * (self.bm + 4 + self.bn)
 
 
@@ -1822,6 +1823,19 @@ GEMM_MMA_STAGES = 3     # the mma template's cp.async ring (fewer where they wou
 #: |acc|: on the H200, N(0, 1) inputs, max error / max |C| 8.9e-6 at K = 1024 and 3.2e-5 at K = 4096 against 1.4e-6 /
 #: 2.8e-6 for the FFMA template (off: straight into the accumulators, for comparison)
 GEMM_MMA_SPLIT_ACC = True
+#: B split once per block instead of once per warp: after the cp.async wait the block converts the stage's B tile in
+#: place into its big TF32 words and (3xTF32) writes the small ones to one more shared plane, a barrier, then the
+#: fragments load ready TF32 words (off: every warp splits the whole B tile it reads, 4x redundant with 4 warps).
+#: Off by default: correct, but 4-15 % slower on the H200 (the extra barrier and twice the B fragment loads cost more
+#: than the conversions saved; docs/gpu.md, session 5b)
+GEMM_MMA_B_PLANES = False
+#: the TF32 rounding (nearest, ties away) by integer add + mask instead of cvt.rna.tf32.f32 (the same bits for
+#: finite values and infinities; NaNs stay NaN).  Off: 11-26 % slower than cvt.rna on the H200
+GEMM_MMA_INT_ROUND = False
+#: 3xTF32 with GEMM_MMA_SPLIT_ACC: both 8-k steps of a 16-k chunk (6 products) summed in one zeroed fragment before
+#: the FADD into the accumulators (half the FADDs; both steps' fragments live; H200 matmul 4096^3 47.2k -> 51.5k
+#: GFLOP/s, error 9.6e-7 -> 7.7e-7); off: one fragment per 8-k step (session 5)
+GEMM_MMA_PAIR_STEPS = True
 
 #: sm_80+ tensor-core helpers (added to a module's prelude only when a kernel uses them).  hl_split_tf32: x = big +
 #: small with big = x rounded to TF32 (nearest, ties away: cvt.rna), small = (x - big) rounded to TF32 (x - big is
@@ -1841,6 +1855,14 @@ HL_INL unsigned hl_tf32(float x) {
 HL_INL void hl_split_tf32(float x, unsigned& big, unsigned& small) {
   big = hl_tf32(x);
   small = hl_tf32(x - __uint_as_float(big));
+}
+HL_INL unsigned hl_tf32i(float x) {
+  const unsigned b = __float_as_uint(x);
+  return ((b & 0x7f800000u) == 0x7f800000u) ? b : ((b + 0x1000u) & 0xffffe000u);
+}
+HL_INL void hl_split_tf32i(float x, unsigned& big, unsigned& small) {
+  big = hl_tf32i(x);
+  small = hl_tf32i(x - __uint_as_float(big));
 }
 HL_INL void hl_mma_tf32(float& c0, float& c1, float& c2, float& c3, unsigned a0, unsigned a1, unsigned a2,
                         unsigned a3, unsigned b0, unsigned b1) {
@@ -1883,9 +1905,10 @@ def _mma_pad_a(mr: int, bk: int) -> int:
 
 
 def _mma_gemm(g: _Gemm, passes: int) -> _Gemm:
-    g = dataclasses.replace(g, mma=passes, pad_a=_mma_pad_a(g.mr, g.bk), a_row=True, stages=1)
-    per_stage = g.shared_bytes
-    return dataclasses.replace(g, stages=max(0, min(GEMM_MMA_STAGES, STATIC_SHARED_LIMIT // per_stage,
+    g = dataclasses.replace(g, mma=passes, pad_a=_mma_pad_a(g.mr, g.bk), a_row=True, stages=0)
+    fixed = g.shared_bytes      # B's small plane (`GEMM_MMA_B_PLANES`)
+    per_stage = dataclasses.replace(g, stages=1).shared_bytes - fixed
+    return dataclasses.replace(g, stages=max(0, min(GEMM_MMA_STAGES, (STATIC_SHARED_LIMIT - fixed) // per_stage,
                                                     g.k // g.bk + 1)))
 
 
@@ -1894,7 +1917,9 @@ def mma_index_exprs(g: _Gemm) -> dict:
     read as `//`), which the template is built from: thread variables (hl_g, hl_t, hl_r0, hl_bsw, hl_bc<v>),
     the copies (chunk q of a tile: A at [a_row][a_col], B at [b_row][b_col]), the fragments (per 16-k chunk c and
     8-k step s: A row i at column a_frag_col(c); B at row b_frag_row(c, s, e) column hl_bc<v>; A registers a0..a3
-    from the float4 of rows 2 mi, 2 mi + 1) and the accumulator of each of c0..c3 (over hl_mi, hl_ni)."""
+    from the float4 of rows 2 mi, 2 mi + 1), the accumulator of each of c0..c3 (over hl_mi, hl_ni) and, with
+    `GEMM_MMA_B_PLANES`, the chunk a thread converts (b_conv: 16-byte chunk q of the stage's B tile, converted in
+    place; b_small: the chunk of the small plane its small words go to)."""
     nr, mr, bk, bn = g.nr, g.mr, g.bk, g.bn
     ka, nb4 = bk // 4, bn // 4
     d = nr // 8          # chunks between the B fragment columns of thread rows g and g + 1
@@ -1909,7 +1934,7 @@ def mma_index_exprs(g: _Gemm) -> dict:
         "bc": [f"((((hl_g >> 1) * {nr // 4} + (hl_g & 1) * {d} + {v}) ^ hl_bsw) * 4)" for v in range(nr // 8)],
         "a_row": f"q / {ka}", "a_col": f"(q % {ka}) * 4",
         "b_row": f"q / {nb4}", "b_col": f"(((q % {nb4}) ^ {swz(f'(q / {nb4} >> 2) & 3')}) * 4)",
-        "a_frag_row": "hl_r0 + {i}", "a_frag_col": "{c16} + hl_t * 4",
+        "a_frag_row": "hl_r0 + {i}", "a_frag_col": "{c16} + hl_t * 4", "b_conv": "q", "b_small": "q",
         "b_frag_row": "{k0} + hl_t * 4",
         "a_regs": {"a0": ("2 * hl_mi", 0), "a1": ("2 * hl_mi + 1", 0), "a2": ("2 * hl_mi", 1),
                    "a3": ("2 * hl_mi + 1", 1)},
@@ -1921,8 +1946,10 @@ def mma_index_exprs(g: _Gemm) -> dict:
 def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     """The GEMM template on tensor cores (mma.sync m16n8k8, TF32 in, float32 accumulate), `g.mma` = 3: 3xTF32
     (each operand split into big + small TF32 parts; small x big, big x small, big x big accumulated in that order,
-    small x small dropped; per 8-k step into a zeroed fragment added to the accumulators by FADD,
-    `GEMM_MMA_SPLIT_ACC`), 1: plain TF32.  Copies: the cp.async ring of `_gemm_async_text` (A row-major with padded
+    small x small dropped; per 8-k step, or per 16-k chunk with `GEMM_MMA_PAIR_STEPS`, into a zeroed fragment added
+    to the accumulators by FADD, `GEMM_MMA_SPLIT_ACC`), 1: plain TF32.  B is split by each warp as it loads its
+    fragments, or with `GEMM_MMA_B_PLANES` once per block after the wait (in place + a small plane, one more barrier).
+    Copies: the cp.async ring of `_gemm_async_text` (A row-major with padded
     rows, B row-major with its 16-byte chunks XOR-swizzled per 4 rows).  Thread tid = 32 w + 4 g + t (TJ = 4) owns
     rows r0 = (tid / 4) MR + [0, MR) and columns t NR + [0, NR), as the loop nest says; its accumulators are the
     loop nest's own (acc[i NR + j]) used directly as mma C fragments: fragment row g (g + 8) of m-tile mi is tile row
@@ -1938,10 +1965,16 @@ def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     gb = f"if (hl_tid < {nb}) " if nb < g.threads else ""
     st, nbj, nbi, kt = g.stages, g.n // g.bn, g.m // g.bm, g.k // g.bk
     half, nv = g.nr // 2, g.nr // 8
+    three = g.mma == 3
+    planes = GEMM_MMA_B_PLANES
+    split = "hl_split_tf32i" if GEMM_MMA_INT_ROUND else "hl_split_tf32"
+    tf32 = "hl_tf32i" if GEMM_MMA_INT_ROUND else "hl_tf32"
     o = [f"{{  // GEMM template: {g.bm}x{g.bn}x{g.bk} tile, {g.mr}x{g.nr} per thread, "
          f"{'3xTF32' if g.mma == 3 else 'TF32'} tensor cores (mma.sync m16n8k8), {st}-stage cp.async ring",
          f"  __shared__ __align__(16) float hl_As[{st}][{g.bm}][{g.bk + g.pad_a}];",
          f"  __shared__ __align__(16) float hl_Bs[{st}][{g.bk}][{g.bn}];",
+         *([f"  __shared__ __align__(16) unsigned hl_Bsm[{g.bk}][{g.bn}];   // B's small TF32 words"]
+           if planes and three else []),
          "  const int hl_tid = threadIdx.x, hl_bid = blockIdx.x;",
          f"  const int hl_bj = hl_bid % {nbj}, hl_bi = (hl_bid / {nbj}) % {nbi}, hl_bb = hl_bid / {nbj * nbi};",
          f"  const float* __restrict__ hl_A = {a} + (long long)hl_bb * {g.a_batch}LL + (long long)hl_bi * "
@@ -1962,7 +1995,72 @@ def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
                        f"[{e['b_col']}], hl_B + ({kexpr} * {g.bk} + {e['b_row']}) * {g.n} + (q % {g.bn // 4}) * 4); }}")
         return out
 
-    three = g.mma == 3
+    def convert() -> list[str]:   # the stage's B tile in place -> big TF32 words (+ the small plane), once per block
+        out = ["    {  // B -> TF32 words, once per block"]
+        for q in range(lb):
+            out.append(f"      {gb}{{ const int q = hl_tid + {q * g.threads};")
+            out.append(f"        float4* hl_p = (float4*)&hl_Bs[hl_cur][0][0] + {e['b_conv']};")
+            out.append("        const float4 f = *hl_p; uint4 hl_w;")
+            if three:
+                out += ["        uint4 hl_s;",
+                        *[f"        {split}(f.{c}, hl_w.{c}, hl_s.{c});" for c in "xyzw"],
+                        f"        ((uint4*)&hl_Bsm[0][0])[{e['b_small']}] = hl_s;"]
+            else:
+                out += [f"        hl_w.{c} = {tf32}(f.{c});" for c in "xyzw"]
+            out.append("        *(uint4*)hl_p = hl_w;")
+            out.append("      }")
+        return out + ["    }", "    __syncthreads();"]
+
+    ar = e["a_regs"]
+    cacc = [f"{acc}[{e['acc'][c_]}]" for c_ in ("c0", "c1", "c2", "c3")]
+    part = three and GEMM_MMA_SPLIT_ACC
+    # 8-k steps whose products share one zeroed fragment (`GEMM_MMA_PAIR_STEPS`: both steps of a 16-k chunk)
+    groups = ((0, 1),) if part and GEMM_MMA_PAIR_STEPS else ((0,), (1,))
+
+    def b_frags(c: int, s: int) -> list[str]:     # step s's B fragments: hl_b<e>[_s]<s> (e: k row t, t + 4)
+        out = []
+        regs = [f"hl_b{ee}{sm}{s}" for sm in (("", "s_") if three else ("",)) for ee in range(2)]
+        out.append("        unsigned " + ", ".join(f"{r}[{half}]" for r in regs) + ";")
+        for ee in range(2):
+            row = e["b_frag_row"].format(k0=16 * c + 2 * s + ee)
+            big, small = f"hl_b{ee}{s}", f"hl_b{ee}s_{s}"
+            for v in range(nv):
+                if planes:      # ready TF32 words (big in the stage, small in the plane)
+                    out.append(f"        {{ const uint4 f = *(const uint4*)&hl_Bs[hl_cur][{row}][hl_bc{v}];")
+                    if three:
+                        out.append(f"          const uint4 fs = *(const uint4*)&hl_Bsm[{row}][hl_bc{v}];")
+                    for x, comp in enumerate("xyzw"):
+                        j = 4 * v + x
+                        out.append(f"          {big}[{j}] = f.{comp};" + (f" {small}[{j}] = fs.{comp};"
+                                                                           if three else ""))
+                    out.append("        }")
+                    continue
+                out.append(f"        {{ const float4 f = *(const float4*)&hl_Bs[hl_cur][{row}][hl_bc{v}];")
+                for x, comp in enumerate("xyzw"):
+                    j = 4 * v + x
+                    out.append(f"          {split}(f.{comp}, {big}[{j}], {small}[{j}]);" if three else
+                               f"          {big}[{j}] = {tf32}(f.{comp});")
+                out.append("        }")
+        return out
+
+    def a_frags(s: int) -> list[str]:     # step s's A fragments of m-tile hl_mi: hl_a<r><s>, hl_a<r>s_<s>
+        lo, hi = ("x", "y") if s == 0 else ("z", "w")
+        if three:
+            return ["          unsigned " + ", ".join(f"hl_{r}{s}, hl_{r}s_{s}" for r in ar) + ";",
+                    *[f"          {split}(hl_fa[{row}].{(lo, hi)[hl]}, hl_{r}{s}, hl_{r}s_{s});"
+                      for r, (row, hl) in ar.items()]]
+        return [f"          const unsigned hl_{r}{s} = {tf32}(hl_fa[{row}].{(lo, hi)[hl]});"
+                for r, (row, hl) in ar.items()]
+
+    def mmas(s: int, cs: str) -> list[str]:
+        big = ", ".join(f"hl_{r}{s}" for r in ar)
+        bb = f"hl_b0{s}[hl_ni], hl_b1{s}[hl_ni]"
+        out = []
+        if three:
+            out += [f"            hl_mma_tf32({cs}, {', '.join(f'hl_{r}s_{s}' for r in ar)}, {bb});",
+                    f"            hl_mma_tf32({cs}, {big}, hl_b0s_{s}[hl_ni], hl_b1s_{s}[hl_ni]);"]
+        return out + [f"            hl_mma_tf32({cs}, {big}, {bb});"]
+
     compute = []
     for c in range(g.bk // 16):
         compute.append(f"    {{  // k {16 * c} .. {16 * c + 15} of the tile")
@@ -1970,45 +2068,23 @@ def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
         for i in range(g.mr):
             compute.append(f"      hl_fa[{i}] = *(const float4*)&hl_As[hl_cur][{e['a_frag_row'].format(i=i)}]"
                            f"[{e['a_frag_col'].format(c16=16 * c)}];")
-        for s in range(2):
-            lo, hi = ("x", "y") if s == 0 else ("z", "w")
-            compute.append(f"      {{  // step {s}: fragment column t (t + 4) is k {16 * c + 2 * s} + 4 t (+ 1)")
-            regs = ("hl_b0", "hl_b1", "hl_b0s", "hl_b1s") if three else ("hl_b0", "hl_b1")
-            compute.append("        unsigned " + ", ".join(f"{r}[{half}]" for r in regs) + ";")
-            for ee in range(2):
-                row = e["b_frag_row"].format(k0=16 * c + 2 * s + ee)
-                for v in range(nv):
-                    compute.append(f"        {{ const float4 f = *(const float4*)&hl_Bs[hl_cur][{row}][hl_bc{v}];")
-                    for x, comp in enumerate("xyzw"):
-                        j = 4 * v + x
-                        if three:
-                            compute.append(f"          hl_split_tf32(f.{comp}, hl_b{ee}[{j}], hl_b{ee}s[{j}]);")
-                        else:
-                            compute.append(f"          hl_b{ee}[{j}] = hl_tf32(f.{comp});")
-                    compute.append("        }")
+        for grp in groups:
+            compute.append("      {  // " + ", ".join(f"step {s}: fragment column t (t + 4) is k {16 * c + 2 * s} + "
+                                                      "4 t (+ 1)" for s in grp))
+            for s_ in grp:
+                compute += b_frags(c, s_)
             compute += ["        #pragma unroll",
                         f"        for (int hl_mi = 0; hl_mi < {g.mr // 2}; ++hl_mi) {{"]
-            ar = e["a_regs"]
-            if three:
-                compute.append("          unsigned " + ", ".join(f"hl_{r}, hl_{r}s" for r in ar) + ";")
-                for r, (row, hl) in ar.items():
-                    compute.append(f"          hl_split_tf32(hl_fa[{row}].{(lo, hi)[hl]}, hl_{r}, hl_{r}s);")
-            else:
-                for r, (row, hl) in ar.items():
-                    compute.append(f"          const unsigned hl_{r} = hl_tf32(hl_fa[{row}].{(lo, hi)[hl]});")
-            cs = ", ".join(f"{acc}[{e['acc'][c_]}]" for c_ in ("c0", "c1", "c2", "c3"))
+            for s_ in grp:
+                compute += a_frags(s_)
             compute += ["          #pragma unroll",
                         f"          for (int hl_ni = 0; hl_ni < {half}; ++hl_ni) {{"]
-            cacc = [f"{acc}[{e['acc'][c_]}]" for c_ in ("c0", "c1", "c2", "c3")]
-            part = three and GEMM_MMA_SPLIT_ACC
-            if part:    # the step's products into a zeroed fragment, then added to the accumulators (FADD, RN)
+            cs = ", ".join(cacc)
+            if part:    # the steps' products into a zeroed fragment, then added to the accumulators (FADD, RN)
                 compute.append("            float hl_p0 = 0.0f, hl_p1 = 0.0f, hl_p2 = 0.0f, hl_p3 = 0.0f;")
                 cs = "hl_p0, hl_p1, hl_p2, hl_p3"
-            if three:
-                compute += [f"            hl_mma_tf32({cs}, hl_a0s, hl_a1s, hl_a2s, hl_a3s, hl_b0[hl_ni], "
-                            "hl_b1[hl_ni]);",
-                            f"            hl_mma_tf32({cs}, hl_a0, hl_a1, hl_a2, hl_a3, hl_b0s[hl_ni], hl_b1s[hl_ni]);"]
-            compute.append(f"            hl_mma_tf32({cs}, hl_a0, hl_a1, hl_a2, hl_a3, hl_b0[hl_ni], hl_b1[hl_ni]);")
+            for s_ in grp:
+                compute += mmas(s_, cs)
             if part:
                 compute += [f"            {x} = {x} + hl_p{q};" for q, x in enumerate(cacc)]
             compute += ["          }", "        }", "      }"]
@@ -2025,6 +2101,7 @@ def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
           *issue("hl_nk", "hl_ns"),
           "    }",
           "    hl_cp_commit();",
+          *(convert() if planes else []),
           *compute,
           f"    hl_cur = hl_cur == {st - 1} ? 0 : hl_cur + 1;",
           "  }",

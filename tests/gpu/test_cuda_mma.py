@@ -57,7 +57,14 @@ def _err(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.max(np.abs(got.astype(np.float64) - want)) / np.max(np.abs(want)))
 
 
-def test_mma_dots_against_float64():
+@pytest.mark.parametrize("pair", [False, True])
+def test_mma_dots_against_float64(pair, monkeypatch):
+    """The dots under the default and with `GEMM_MMA_PAIR_STEPS` (two 8-k steps per zeroed fragment)."""
+    from hlotune.codegen import cuda
+    from hlotune.codegen import cuda_runtime as rt
+
+    monkeypatch.setattr(cuda, "GEMM_MMA_PAIR_STEPS", pair)
+    monkeypatch.setattr(rt, "_KCACHE", {})     # keyed by the loop function, not by the flags
     errs: dict = {}
     for label, hlo, opts in mma_cases():
         sg, kern = _build(hlo, opts, label)
@@ -69,7 +76,7 @@ def test_mma_dots_against_float64():
         out = np.full(want.shape, np.nan, np.float32)
         kern(a, b, out)
         errs[label] = _err(out, want)
-    print({k: f"{v:.2e}" for k, v in errs.items()})
+    print(f"pair {pair}:", {k: f"{v:.2e}" for k, v in errs.items()})
     for label, e in errs.items():
         if label.endswith("3xtf32") and not label.startswith("256x512x128 ("):
             ffma = errs[label.replace("3xtf32", "ffma")]
@@ -85,11 +92,16 @@ FUSED = (("dense_bias_relu", "max.3"), ("transformer_block", "add.1"), ("rmsnorm
          ("matmul", "dot_general.1"))
 
 
+@pytest.mark.parametrize("pair", [False, True])
 @pytest.mark.parametrize("model,name", FUSED)
-def test_mma_fused_epilogues_agree_with_algorithm(model, name):
+def test_mma_fused_epilogues_agree_with_algorithm(model, name, pair, monkeypatch):
     import hlotune
+    from hlotune.codegen import cuda
+    from hlotune.codegen import cuda_runtime as rt
     from tests.conftest import model_path
 
+    monkeypatch.setattr(cuda, "GEMM_MMA_PAIR_STEPS", pair)
+    monkeypatch.setattr(rt, "_KCACHE", {})     # keyed by the loop function, not by the flags
     sg = next(s for s in hlotune.load_model(model_path(model, "bench.hlo")).frontend.subgraphs if s.name == name)
     sg, kern = _build(sg, {"tensor_core": 3}, f"{model}/{name} 3xtf32")
     assert "3xTF32 tensor cores" in kern.text, (model, name)
@@ -103,3 +115,30 @@ def test_mma_fused_epilogues_agree_with_algorithm(model, name):
     kern(*args, *[consts[b.name] for b in cd.inputs[k:]], *outs)
     for w, g in zip(want, outs):
         assert _err(g, np.asarray(w, np.float64)) <= TOL_3X, (model, name)
+
+
+@pytest.mark.parametrize("flags", [{"GEMM_MMA_B_PLANES": True}, {"GEMM_MMA_INT_ROUND": True},
+                                   {"GEMM_MMA_B_PLANES": True, "GEMM_MMA_INT_ROUND": True}])
+def test_mma_b_planes_and_int_rounding_give_the_same_bits(flags, monkeypatch):
+    """B split once per block (`GEMM_MMA_B_PLANES`) or by every warp (the default), TF32 rounding by cvt.rna or by
+    integer add + mask (`GEMM_MMA_INT_ROUND`): the same TF32 words in the same mma order, so the same bits as the
+    default (on N(0, 1) inputs, 3xTF32 and plain TF32)."""
+    from hlotune.codegen import cuda
+    from hlotune.codegen import cuda_runtime as rt
+
+    hlo = _dot_hlo(256, 1024, 256)
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal((256, 1024)).astype(np.float32), rng.standard_normal((1024, 256)).astype(np.float32)
+    for passes in (3, 1):
+        outs = []
+        for fl in ({}, flags):
+            with monkeypatch.context() as mp:
+                mp.setattr(rt, "_KCACHE", {})     # keyed by the loop function, not by the flags
+                for k, v in fl.items():
+                    mp.setattr(cuda, k, v)
+                _, kern = _build(hlo, {"tensor_core": passes}, f"bits {passes} {fl}")
+            assert ("hl_Bsm" in kern.text) == (fl.get("GEMM_MMA_B_PLANES", cuda.GEMM_MMA_B_PLANES) and passes == 3)
+            outs.append(np.full((256, 256), np.nan, np.float32))
+            kern(a, b, outs[-1])
+        np.testing.assert_array_equal(outs[1], outs[0], err_msg=f"{passes} passes, {flags}")
+        assert _err(outs[0], a.astype(np.float64) @ b.astype(np.float64)) < (TOL_3X if passes == 3 else 1e-2)

@@ -64,9 +64,22 @@ def _gemm(mr, nr, ti, tj, bk, m=None, n=None, k=None) -> _Gemm:
     return _mma_gemm(_Gemm("A", "B", "acc", m, n, k, bm, bn, bk, mr, nr, ti * tj, 0, 0), 3)
 
 
+def tf32(x: np.ndarray) -> np.ndarray:
+    """x (as float32) rounded to TF32, nearest with ties away (cvt.rna.tf32.f32), written independently."""
+    b = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((b + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    big = tf32(x)
+    return big, tf32(np.asarray(x, np.float32) - np.asarray(big, np.float32))
+
+
 def emulate(g: _Gemm, A: np.ndarray, B: np.ndarray, e: dict | None = None) -> np.ndarray:
     """Every thread's accumulators after the template's K loop for one block tile (A: BM x K, B: K x BN), computed
-    from the template's own index expressions (or `e`): acc[tid, i * NR + j]."""
+    from the template's own index expressions (or `e`): acc[tid, i * NR + j].  3xTF32: each product as small_A big_B
+    + big_A small_B + big_A big_B; B's big / small words from the block's conversion (`GEMM_MMA_B_PLANES`: stage
+    chunk b_conv in place, small plane chunk b_small) or split by each warp."""
     e = e or mma_index_exprs(g)
     T, bm, bn, bk = g.threads, g.bm, g.bn, g.bk
     na, nb = bm * bk // 4, bk * bn // 4
@@ -91,6 +104,15 @@ def emulate(g: _Gemm, A: np.ndarray, B: np.ndarray, e: dict | None = None) -> np
                 src = (q % (bn // 4)) * 4
                 assert np.isnan(sb[r, c:c + 4]).all(), "B chunk written twice"
                 sb[r, c:c + 4] = B[kt * bk + r, src:src + 4]
+        if cuda.GEMM_MMA_B_PLANES:    # the block's conversion: chunk q of the stage in place, its small words
+            big, small = np.full(bk * bn, np.nan), np.full(bk * bn, np.nan)
+            for q in range(nb):
+                p, ps = _ev(e["b_conv"], {"q": q}), _ev(e["b_small"], {"q": q})
+                assert np.isnan(big[4 * p:4 * p + 4]).all() and np.isnan(small[4 * ps:4 * ps + 4]).all()
+                big[4 * p:4 * p + 4], small[4 * ps:4 * ps + 4] = split(sb.reshape(-1)[4 * p:4 * p + 4])
+            planes = (big.reshape(bk, bn), small.reshape(bk, bn))
+        else:
+            planes = split(sb)
         for w in range(T // 32):
             envs = lane_env[32 * w:32 * w + 32]
             for c in range(bk // 16):
@@ -100,8 +122,8 @@ def emulate(g: _Gemm, A: np.ndarray, B: np.ndarray, e: dict | None = None) -> np
                     bregs = []
                     for env in envs:
                         rows = [_ev(e["b_frag_row"].format(k0=16 * c + 2 * s + x), env) for x in range(2)]
-                        vals = [np.concatenate([sb[rw, env[f"hl_bc{v}"]:env[f"hl_bc{v}"] + 4]
-                                                for v in range(g.nr // 8)]) for rw in rows]
+                        vals = [[np.concatenate([pl[rw, env[f"hl_bc{v}"]:env[f"hl_bc{v}"] + 4]
+                                                 for v in range(g.nr // 8)]) for rw in rows] for pl in planes]
                         bregs.append(vals)
                     for mi in range(g.mr // 2):
                         a_regs = []
@@ -110,9 +132,14 @@ def emulate(g: _Gemm, A: np.ndarray, B: np.ndarray, e: dict | None = None) -> np
                             for r, (row, hl) in e["a_regs"].items():
                                 regs[r] = fa[lane][_ev(row, {"hl_mi": mi})][2 * s + hl]
                             a_regs.append(regs)
+                        a_big = [{r: split(x)[0] for r, x in regs.items()} for regs in a_regs]
+                        a_small = [{r: split(x)[1] for r, x in regs.items()} for regs in a_regs]
                         for ni in range(g.nr // 2):
-                            b_regs = [{"b0": bregs[lane][0][ni], "b1": bregs[lane][1][ni]} for lane in range(32)]
-                            d = _mma(a_regs, b_regs)
+                            b_big, b_small = ([{"b0": bregs[lane][p][0][ni], "b1": bregs[lane][p][1][ni]}
+                                               for lane in range(32)] for p in range(2))
+                            d = [{r: x + y + z for (r, x), y, z in zip(d0.items(), d1.values(), d2.values())}
+                                 for d0, d1, d2 in zip(_mma(a_small, b_big), _mma(a_big, b_small),
+                                                       _mma(a_big, b_big))]
                             for lane in range(32):
                                 for r, x in e["acc"].items():
                                     acc[32 * w + lane, _ev(x, {"hl_mi": mi, "hl_ni": ni})] += d[lane][r]
@@ -127,7 +154,7 @@ def test_emulated_fragments_reproduce_matmul_at_the_loop_nests_accumulators(tile
     assert _mma_fits(g) and g.stages >= 2 and g.shared_bytes <= cuda.STATIC_SHARED_LIMIT
     rng = np.random.default_rng(sum(tiles))
     A = rng.integers(-4, 5, (g.bm, g.k)).astype(np.float64)
-    B = rng.integers(-4, 5, (g.k, g.bn)).astype(np.float64)
+    B = _b_values(rng, (g.k, g.bn))
     want = A @ B
     acc = emulate(g, A, B)
     for tid in range(g.threads):
@@ -143,13 +170,38 @@ def test_emulated_fragments_reproduce_matmul_at_the_loop_nests_accumulators(tile
     assert text.count("hl_mma_tf32(") == 3 * 2 * (bk // 16)
 
 
-def test_a_wrong_index_is_caught():
-    """The emulation fails for a template whose B fragment columns are one thread row off."""
+def _b_values(rng, shape) -> np.ndarray:
+    """Integers plus multiples of 2^-10: TF32's big word (11 significant bits) cannot hold them alone, big + small
+    can (exactly), so a small word from the wrong place changes the result."""
+    return rng.integers(-4, 5, shape) + rng.integers(0, 1024, shape) / 1024.0
+
+
+@pytest.mark.parametrize("planes", [True, False])
+def test_emulated_b_split_matches_with_and_without_planes(planes, monkeypatch):
+    monkeypatch.setattr(cuda, "GEMM_MMA_B_PLANES", planes)
+    g = _gemm(2, 8, 32, 4, 16)
+    assert ("hl_Bsm" in "\n".join(gemm_text(g, "acc", "A", "B"))) == planes
+    assert g.shared_bytes == 4 * (g.stages * (g.bm * (g.bk + g.pad_a) + g.bk * g.bn) + planes * g.bk * g.bn)
+    rng = np.random.default_rng(5)
+    A, B = rng.integers(-4, 5, (g.bm, g.k)).astype(float), _b_values(rng, (g.k, g.bn))
+    assert not np.array_equal(tf32(B), B)
+    acc = emulate(g, A, B)
+    np.testing.assert_array_equal(acc[0].reshape(2, 8), (A @ B)[0:2, 0:8])
+
+
+@pytest.mark.parametrize("what", ["bc", "b_small"])
+def test_a_wrong_index_is_caught(what, monkeypatch):
+    """The emulation fails for a template whose B fragment columns are one thread row off, or whose small words
+    land one chunk off in the small plane (`GEMM_MMA_B_PLANES`)."""
+    monkeypatch.setattr(cuda, "GEMM_MMA_B_PLANES", what == "b_small")
     g = _gemm(2, 8, 32, 4, 16)
     e = mma_index_exprs(g)
-    bad = dict(e, bc=[x.replace("(hl_g & 1)", "((hl_g + 1) & 1)") for x in e["bc"]])
+    if what == "bc":
+        bad = dict(e, bc=[x.replace("(hl_g & 1)", "((hl_g + 1) & 1)") for x in e["bc"]])
+    else:
+        bad = dict(e, b_small=f"({e['b_small']}) ^ 1")
     rng = np.random.default_rng(3)
-    A, B = rng.integers(-4, 5, (g.bm, g.k)).astype(float), rng.integers(-4, 5, (g.k, g.bn)).astype(float)
+    A, B = rng.integers(-4, 5, (g.bm, g.k)).astype(float), _b_values(rng, (g.k, g.bn))
     acc = emulate(g, A, B, bad)
     assert not np.array_equal(acc[0].reshape(2, 8), (A @ B)[0:2, 0:8])
 
@@ -268,3 +320,27 @@ def test_gpu_search_space_mma_knob():
     d["mma"] = 0
     steps = gpu_steps(sk, (tuple(d[x] for x in KNOBS["tiled"]),))
     assert not any(isinstance(s, Pragma) and s.name == "tensor_core" for s in steps)
+
+
+@pytest.mark.parametrize("pair", [False, True])
+def test_paired_steps_halve_the_fragment_adds(pair, monkeypatch, tmp_path):
+    """`GEMM_MMA_PAIR_STEPS`: the six products of a 16-k chunk's two steps share one zeroed fragment (one FADD per
+    C register per chunk instead of two), the same mma count; the emulation (exact sums) still holds and the text
+    compiles for sm_90 where nvcc is found."""
+    monkeypatch.setattr(cuda, "GEMM_MMA_PAIR_STEPS", pair)
+    g = _gemm(4, 16, 32, 4, 16)
+    text = "\n".join(gemm_text(g, "acc", "A", "B"))
+    assert text.count("hl_mma_tf32(") == 3 * 2 * (g.bk // 16)
+    assert text.count("float hl_p0 = 0.0f") == (1 if pair else 2) * (g.bk // 16)
+    rng = np.random.default_rng(7)
+    A, B = rng.integers(-4, 5, (g.bm, g.k)).astype(float), _b_values(rng, (g.k, g.bn))
+    acc = emulate(g, A, B)
+    np.testing.assert_array_equal(acc[5].reshape(4, 16), (A @ B)[4:8, 16:32])
+    if NVCC is not None:
+        from hlotune.codegen.cuda_runtime import compile_cubin
+
+        monkeypatch.setenv("HLOTUNE_CACHE_DIR", str(tmp_path))
+        cd = _mm(256, 64, 128)
+        src = generate_cuda(lower(cd, default_gpu_schedule(cd, options={"tiles": (2, 16, 64, 4, 16),
+                                                                        "tensor_core": 3}), name="mm")).text
+        assert compile_cubin(src, "sm_90")[:4] == b"\x7fELF"
