@@ -9,12 +9,16 @@ by a trained model (`predict_features`), as the search does each generation.  "c
 (templates are built: one lowering per schedule structure); "warm" = a second batch of new schedules (the
 templates of recurring structures are cached, as in later generations and rounds).  Both wall-clock and
 CPU time of this process are reported: other jobs share this 2-core machine, so the wall clock varies.
+Each phase starts with a `gc.collect()`: a full collection walks every object of this process (the database's
+samples and features), ~0.5 s, and where a pending one lands would otherwise decide which figure pays for it.
+"search-like": warm generations scored the way the evolutionary search does (`search_like`).
 Training: CPU time of a full training and of a warm start (`CostModel.update`) on the database's samples.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import sys
 import time
@@ -54,6 +58,7 @@ def speed(model: CostModel, n: int) -> None:
     print(f"dense_bias_relu bench: {len(space.sketches)} sketches, {len(first)} + {len(second)} schedules, "
           f"{len({fast_features.structure_key(s) for s in first})} structures in the first batch")
     for name, batch in (("cold", first), ("warm", second)):
+        gc.collect()        # what setup left for the collector is not this batch's cost
         t0 = _clock()
         feats = fast_features.batch_features(w.compute, batch, w.key)
         rf = _rate(len(batch), t0)
@@ -61,6 +66,46 @@ def speed(model: CostModel, n: int) -> None:
         model.predict_features(feats)
         rp = _rate(len(batch), tf)
         print(f"  {name}: features {rf}; prediction {rp}; features + prediction {_rate(len(batch), t0)}")
+    search_like(model, space, w, second)
+
+
+def search_like(model: CostModel, space: TaskSpace, w, pop: list, gens: int = 4, size: int = 2048) -> None:
+    """Warm generations as `EvolutionarySearch` scores them: each generation's children (mutations of the last
+    one's, `mutation_prob` 0.85) are featurized in CHUNKS chunks of the population (one `batch_features` call per
+    chunk, only the schedules not yet featurized: the feature cache), then the whole population is scored from
+    the cache (`predict_features`).  One process (the search forks the chunks over the cores)."""
+    from hlotune.search.evolutionary import CHUNKS
+    from hlotune.search.space import mutate
+
+    rng = random.Random(5)
+    pop = pop[:size]
+    cache: dict = {}
+    new = 0
+    fp = [0.0, 0.0]                                   # wall, cpu of features + prediction
+    gc.collect()
+    t0 = _clock()
+    for _ in range(gens):
+        kids = []
+        for p in pop:
+            sk = space.by_id.get(p.sketch)
+            c = mutate(sk, p, rng) if sk is not None and sk.has_holes and rng.random() < 0.85 else None
+            kids.append(c or p)
+        t1 = _clock()
+        m = len(kids)
+        for k in range(CHUNKS):
+            chunk = kids[m * k // CHUNKS: m * (k + 1) // CHUNKS]
+            todo = list({s.key: s for s in chunk if s.key not in cache}.values())
+            for s, f in zip(todo, fast_features.batch_features(w.compute, todo, w.key)):
+                cache[s.key] = f
+            new += len(todo)
+        model.predict_features([cache[s.key] for s in kids])
+        fp[0] += time.perf_counter() - t1[0]
+        fp[1] += time.process_time() - t1[1]
+        pop = kids
+    n = gens * len(pop)
+    print(f"  search-like: {gens} generations of {len(pop)} ({new} new schedules featurized in {CHUNKS} chunks per "
+          f"generation, all scored): features + prediction {n / fp[0]:7.0f}/s wall, {n / fp[1]:7.0f}/s cpu "
+          f"(of new schedules: {new / fp[1]:.0f}/s cpu); with the mutations {_rate(n, t0)}")
 
 
 def training(samples, feats) -> None:

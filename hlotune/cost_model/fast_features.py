@@ -25,11 +25,14 @@ with extent 1 (features ignore them).  Tests check that it equals the exact path
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 
 from ..errors import HlotuneError, ScheduleError
 from ..ir.expr import Binary, ComputeDef, Const, Expr, Load, Var, walk
 from ..ir.hlo import Op
+from ..schedule_space.loop_ir import Allocate, For, If, LoopFunc, Seq, Store
 from ..schedule_space.lower import inlined_bodies, lower
 from ..schedule_space.state import SplitRel, State, apply, consumers, init_state
 from ..schedule_space.steps import Pragma, RFactor, Split
@@ -39,10 +42,10 @@ from .features import (
     StoreNest,
     _nbytes,
     add_program_features,
+    count_ops,
     features_of_func,
     log_scale,
     nest_signature,
-    nests_of_func,
     stack_nests,
     store_features,
 )
@@ -83,6 +86,41 @@ def structure_key(steps) -> tuple:
     """Hashable key of a schedule with its Split factors and unroll pragma values blanked (the numbers a
     template instantiates; lengths and directions kept)."""
     return tuple(map(_blank, getattr(steps, "steps", steps)))
+
+
+_TOKENS: dict = {}                          # blanked step (`_blank`) -> a small int
+_BY_ID: dict[int, tuple[object, int]] = {}   # id(step) -> (step, its token): steps shared between schedules
+_MAX_TOKENS = 1 << 16
+
+
+def _token(s) -> int:
+    hit = _BY_ID.get(id(s))
+    if hit is not None and hit[0] is s:
+        return hit[1]
+    b = _blank(s)
+    t = _TOKENS.get(b)
+    if t is None:
+        t = _TOKENS[b] = len(_TOKENS)
+    if len(_BY_ID) >= _MAX_TOKENS:
+        _BY_ID.clear()
+    _BY_ID[id(s)] = (s, t)                   # the step is kept alive, so its id is not reused meanwhile
+    return t
+
+
+def key_and_row(steps) -> tuple[tuple, list]:
+    """(a key equal for schedules of equal `structure_key`s -- the blanked steps as small ints, cheap to hash --,
+    the numbers a template instantiates in its `refs` order: every Split's factors, then an unroll pragma's
+    value, in step order) in one pass over the steps (the batch path's grouping)."""
+    key = []
+    row: list = []
+    for s in getattr(steps, "steps", steps):
+        t = type(s)
+        if t is Split:
+            row.extend(s.factors)
+        elif t is Pragma and s.name == UNROLL:
+            row.append(s.value)
+        key.append(_token(s))
+    return tuple(key), row
 
 
 def factor_matrix(schedules, refs: list[tuple[int, int]]) -> np.ndarray:
@@ -128,15 +166,50 @@ def _affine(e: Expr, axes: set[str]) -> tuple[dict[str, float], float] | None:
     return None
 
 
+class _RepStore:
+    """What a template takes from its lowered representative per store statement (as `nests_of_func` has it)."""
+
+    __slots__ = ("ops", "is_init", "is_update")
+
+    def __init__(self, st: Store):
+        self.ops = count_ops(st.value)
+        self.is_init = isinstance(st.value, Const)
+        self.is_update = any(isinstance(x, Load) and x.buffer == st.buffer for x in walk(st.value))
+
+
+def _rep_stores(func: LoopFunc) -> list[_RepStore]:
+    """The Store statements of `func` in program order (the order of `nests_of_func`), without their loop nests."""
+    out: list[_RepStore] = []
+
+    def visit(s) -> None:
+        if isinstance(s, For | Allocate):
+            visit(s.body)
+        elif isinstance(s, Seq):
+            for b in s.body:
+                visit(b)
+        elif isinstance(s, If):
+            visit(s.then)
+            if s.otherwise is not None:
+                visit(s.otherwise)
+        elif isinstance(s, Store):
+            out.append(_RepStore(s))
+
+    visit(func.body)
+    return out
+
+
 class Template:
     """The loop structure of one schedule structure, instantiated for many factor choices with numpy."""
 
-    def __init__(self, cd: ComputeDef, state: State, refs: list[tuple[int, int]], rep_nests: list[StoreNest]):
+    def __init__(self, cd: ComputeDef, state: State, refs: list[tuple[int, int]], rep_nests: list):
         self.cd, self.state, self.refs, self.rep = cd, state, refs, rep_nests
         self.ref_col = {r: k for k, r in enumerate(refs)}
         self.order, self.bodies = inlined_bodies(state)
         self._load_cache: dict[str, list[Load]] = {}
         self._affine_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._plans: dict[int, tuple] = {}
+        self._inner_cache: dict[tuple[str, str], set] = {}
+        self._consumers: dict[str, list[str]] = {}
         self.stages = {n: state.stage(n) for n in self.order}
         self.inputs = {b.name: b for b in cd.inputs}
         self.stores = self._store_list()
@@ -164,8 +237,7 @@ class Template:
                 s = Pragma(s.stage, s.iter, s.name, _Tag(int(s.value), ((i, -1),)))
             st = apply(st, s)
             tagged.append(s)
-        rep = nests_of_func(lower(cd, steps))
-        return Template(cd, st, refs, rep)
+        return Template(cd, st, refs, _rep_stores(lower(cd, steps)))
 
     def _store_list(self) -> list[tuple[str, str, list[tuple[str, str, bool]]]]:
         """(stage, "plain" | "init" | "update", loop refs (stage, iterator, is_init)) in program order."""
@@ -205,8 +277,8 @@ class Template:
         refs = getattr(f, "refs", ())
         if not refs:
             return np.full(n, float(f))
-        v = np.ones(n)
-        for r in refs:
+        v = F[:, self.ref_col[refs[0]]]      # 1 * x is x: the same numbers as a product starting from ones
+        for r in refs[1:]:
             v = v * F[:, self.ref_col[r]]
         return v
 
@@ -223,13 +295,15 @@ class Template:
         fz: dict[str, dict[tuple[str, str], np.ndarray]] = {}     # same, True where reached through a fuse
         mnc: dict[str, dict[tuple[str, str], np.ndarray]] = {}    # attached stage -> outer ref -> (N, D) region min
         shapes: dict[str, np.ndarray] = {}
+        self._rca: dict[str, tuple[dict, np.ndarray]] = {}   # stage -> (loop ref -> row, (N, U, R) stacked rc)
+        self._coef_cache: dict[tuple, tuple] = {}
+        self._fany: dict[str, dict] = {}                   # stage -> loop ref -> any root axis reached via a fuse
         for b in self.cd.inputs:
             shapes[b.name] = np.tile(np.array(b.shape, dtype=np.float64), (n, 1))
         for name in reversed(self.order):
             self._infer(name, F, n, ext, rc, fz, mnc, shapes)
-        out = []
-        for (stage, kind, loops), rep in zip(self.stores, self.rep):
-            out.append(self._nest(stage, kind, loops, rep, n, ext, rc, mnc, shapes, F))
+        out = [self._nest(si, rep, n, ext, rc, mnc, shapes, F) for si, rep in enumerate(self.rep)]
+        self._rca = self._coef_cache = self._lo = self._clamp = self._fany = None     # per call only
         return out
 
     def _infer(self, name, F, n, ext, rc, fz, mnc, shapes) -> None:
@@ -257,7 +331,8 @@ class Template:
                 e[r.fused] = np.prod([e[q] for q in r.parents], axis=0)
         ext[name] = e
         # coefficients of the leaves in every node (reverse relations, as root_exprs)
-        val: dict[str, dict[str, np.ndarray]] = {it.name: {it.name: np.ones(n)} for it in st.iters}
+        one = np.ones(n)        # shared: the arrays of `val` are never written in place
+        val: dict[str, dict[str, np.ndarray]] = {it.name: {it.name: one} for it in st.iters}
         fus: dict[str, set[str]] = {it.name: set() for it in st.iters}
         for r in reversed(st.relations):
             if isinstance(r, SplitRel):
@@ -286,25 +361,25 @@ class Template:
                     fus[q] = fus.get(r.fused, set()) | set(val.get(r.fused, {}))
                     stride = stride * e[q]
         R = len(axes)
-        own: dict[tuple[str, str], np.ndarray] = {}
-        ownf: dict[tuple[str, str], np.ndarray] = {}
-        for it in st.iters:
-            m = np.zeros((n, R))
-            fm = np.zeros((n, R), dtype=bool)
-            for j, a in enumerate(axes):
+        nit = len(st.iters)
+        keys = [(name, it.name) for it in st.iters] + list(outer_coef)
+        RA = np.zeros((n, len(keys), R))
+        FA = np.zeros((n, len(keys), R), dtype=bool)
+        for j, it in enumerate(st.iters):
+            for col, a in enumerate(axes):
                 c = val.get(a, {}).get(it.name)
                 if c is not None:
-                    m[:, j] = c
-                    fm[:, j] = it.name in fus.get(a, set())
-            own[(name, it.name)] = m
-            ownf[(name, it.name)] = fm
+                    RA[:, j, col] = c
+                    FA[:, j, col] = it.name in fus.get(a, set())
         mn: dict[tuple[str, str], np.ndarray] = {}
-        for u, coef in outer_coef.items():           # coef: (N, D) over space axes
-            m = np.zeros((n, R))
-            m[:, : len(op.axes)] = coef
-            own[u] = m
-            ownf[u] = np.zeros((n, R), dtype=bool)
+        D0 = len(op.axes)
+        for j, (u, coef) in enumerate(outer_coef.items(), nit):   # coef: (N, D) over space axes
+            RA[:, j, :D0] = coef
             mn[u] = coef
+        own = {u: RA[:, j] for j, u in enumerate(keys)}
+        ownf = {u: FA[:, j] for j, u in enumerate(keys)}
+        self._rca[name] = ({u: j for j, u in enumerate(keys)}, RA)
+        self._fany[name] = dict(zip(keys, FA.any(axis=(0, 2)).tolist()))
         rc[name], fz[name], mnc[name] = own, ownf, mn
         is_out = name in self.cd.outputs
         if st.attach.kind == "at":
@@ -318,6 +393,12 @@ class Template:
         del is_out
 
     def _inner_refs(self, target: str, it: str) -> set[tuple[str, str]]:
+        got = self._inner_cache.get((target, it))
+        if got is None:
+            got = self._inner_cache[(target, it)] = self._inner_refs_of(target, it)
+        return got
+
+    def _inner_refs_of(self, target: str, it: str) -> set[tuple[str, str]]:
         t = self.stages[target]
         pos = t.iter_pos(it)
         inner = {(target, i.name) for i in t.iters[pos + 1:]}
@@ -333,14 +414,20 @@ class Template:
             got = self._load_cache[stage] = [x for x in walk(self.bodies[stage]) if isinstance(x, Load)]
         return got
 
-    def _access_coefs(self, stage: str, idx: tuple[Expr, ...], rc, n) -> tuple[dict, np.ndarray]:
-        """Per loop ref: (N, D) coefficient of each index dimension; and the (D,) constants."""
+    def _access_coefs(self, stage: str, idx: tuple[Expr, ...], rc, n) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The (D,) constants and (D, R) matrix of an index of `stage`, and the (N, U, D) coefficients of each
+        index dimension per loop ref of the stage (`self._rca[stage][0]` numbers them)."""
+        got = self._coef_cache.get((stage, idx))
+        if got is not None:
+            return got
         key = (stage, idx)
-        got = self._affine_cache.get(key)
-        if got is None:
-            got = self._affine_cache[key] = self._affine_of(stage, idx)
-        const, A = got
-        return {u: m @ A.T for u, m in rc[stage].items()}, const, A
+        aff = self._affine_cache.get(key)
+        if aff is None:
+            aff = self._affine_cache[key] = self._affine_of(stage, idx)
+        const, A = aff
+        allc = self._rca[stage][1] @ A.T                         # (N, U, D)
+        got = self._coef_cache[key] = (const, A, allc)
+        return got
 
     def _affine_of(self, stage: str, idx: tuple[Expr, ...]) -> tuple[np.ndarray, np.ndarray]:
         op = self.stages[stage].op
@@ -451,11 +538,15 @@ class Template:
         full = np.zeros((n, D), dtype=bool)
         first_outer: dict | None = None
         first_A = None
-        for c in consumers(self.state, name):
+        cons = self._consumers.get(name)
+        if cons is None:
+            cons = self._consumers[name] = consumers(self.state, name)
+        for c in cons:
             for ld in self._loads(c):
                 if ld.buffer != name:
                     continue
-                coefs, const, A = self._access_coefs(c, ld.indices, rc, n)
+                const, A, allc = self._access_coefs(c, ld.indices, rc, n)
+                coefs = {u: allc[:, j] for u, j in self._rca[c][0].items()}
                 a = np.tile(const, (n, 1))
                 if c in self._lo:    # the consumer's own region minimum (relative index + its constant)
                     Dc = len(self.stages[c].op.axes)
@@ -467,8 +558,9 @@ class Template:
                         span = g * (e_u - 1.0)
                         a = a + np.minimum(0, span)
                         b = b + np.maximum(0, span)
-                        via_fuse = (fz[c][u] @ (A.T != 0)) > 0
-                        full |= via_fuse & (g != 0) & (e_u > 1) & (np.abs(g - np.round(g)) > 1e-9)
+                        if self._fany[c][u]:       # else no axis of u is reached through a fuse: nothing to add
+                            via_fuse = (fz[c][u] @ (A.T != 0)) > 0
+                            full |= via_fuse & (g != 0) & (e_u > 1) & (np.abs(g - np.round(g)) > 1e-9)
                 outer = {u: g.copy() for u, g in coefs.items() if u not in inner}
                 for d, info in enumerate(self._divmod_of(c, ld.indices)):
                     if info is None:
@@ -505,64 +597,79 @@ class Template:
         for u, g in outer.items():
             r = ext[u[0]][u[1]][:, None] - 1.0
             mlo, mhi = mlo + np.minimum(0, g * r), mhi + np.maximum(0, g * r)
-            if np.any(fz[u[0]][u]):
+            if self._fany[u[0]][u]:
                 fused |= (g != 0) & (r > 0)
         self._lo[name] = np.where(full, 0.0, lo)
         self._clamp[name] = ~full & self._tail[:, None] & ((mlo < 0) | (mhi + region > extent) | fused)
         return region, outer
 
-    def _nest(self, stage, kind, loops, rep: StoreNest, n, ext, rc, mnc, shapes, F) -> StoreNest:
+    def _plan(self, si: int) -> tuple:
+        """What the nest of store `si` takes from the instantiated template (structure only, built once)."""
+        got = self._plans.get(si)
+        if got is not None:
+            return got
+        stage, kind, loops = self.stores[si]
         st = self.stages[stage]
         op = st.op
-        L = len(loops)
-        E = np.ones((n, L))
-        kinds = []
-        refs = []
-        for li, (s, it, _init) in enumerate(loops):
-            E[:, li] = ext[s][it]
-            iterator = self.stages[s].iters[self.stages[s].iter_pos(it)]
-            kinds.append(iterator.kind)
-            refs.append((s, it))
-        accs: list[tuple[str, int, np.ndarray, int]] = []
-        sidx = tuple(a.var for a in op.axes)
-        coefs, _c, _A = self._access_coefs(stage, sidx, rc, n)
-        accs.append((stage, 1, self._stack(coefs, refs, n, len(sidx), mnc.get(stage, {})), _nbytes(op.dtype)))
+        refs = [(s, it) for s, it, _init in loops]
+        kinds = tuple(self.stages[s].iters[self.stages[s].iter_pos(it)].kind for s, it in refs)
+        accs = [(stage, 1, tuple(a.var for a in op.axes), stage, _nbytes(op.dtype))]
         if kind != "init":
             if kind == "update":
-                accs.append((stage, 0, accs[0][2], _nbytes(op.dtype)))
-            for ld in self._loads(stage):
-                coefs, _c, _A = self._access_coefs(stage, ld.indices, rc, n)
-                accs.append((ld.buffer, 0, self._stack(coefs, refs, n, len(ld.indices), mnc.get(ld.buffer, {})),
-                             _nbytes(ld.dtype)))
+                accs.append((stage, 0, None, stage, _nbytes(op.dtype)))     # the same coefficients as the write
+            accs += [(ld.buffer, 0, ld.indices, ld.buffer, _nbytes(ld.dtype)) for ld in self._loads(stage)]
+        unroll = []
+        for li, (s, it) in enumerate(refs):
+            v = dict(self.stages[s].iters[self.stages[s].iter_pos(it)].pragmas).get(UNROLL)
+            if v is not None:
+                unroll.append((v, [lj for lj in range(li, len(loops)) if loops[lj][0] == s]))
+        alloc = None
+        if stage not in self.cd.outputs:
+            local = (st.scope in ("global", "local")) if st.attach.kind == "at" else st.scope == "local"
+            alloc = (_nbytes(op.dtype), [(s, it) for s, it, _ in self.chain.get(stage, [])], float(local))
+        got = self._plans[si] = (stage, refs, kinds, accs, unroll, alloc)
+        return got
+
+    def _nest(self, si: int, rep: _RepStore, n, ext, rc, mnc, shapes, F) -> StoreNest:
+        stage, refs, kinds, accs_plan, unroll, alloc_plan = self._plan(si)
+        L = len(refs)
+        E = np.stack([ext[s][it] for s, it in refs], axis=1) if L else np.ones((n, 0))
+        accs: list[tuple[str, int, np.ndarray, int]] = []
+        for buf, mode, idx, mbuf, eb in accs_plan:
+            if idx is None:
+                accs.append((buf, mode, accs[0][2], eb))
+                continue
+            _c, _A, allc = self._access_coefs(stage, idx, rc, n)
+            accs.append((buf, mode, self._stack(allc, self._rca[stage][0], refs, n, len(idx), mnc.get(mbuf, {})), eb))
         accesses = self._merge(accs, shapes)
         step = np.zeros(n)
-        for li, (s, it, _init) in enumerate(loops):
-            iterator = self.stages[s].iters[self.stages[s].iter_pos(it)]
-            v = dict(iterator.pragmas).get(UNROLL)
-            if v is None:
-                continue
-            later = [lj for lj in range(li, L) if loops[lj][0] == s]
+        for v, later in unroll:
             vis = np.any(E[:, later] > 1, axis=1)
             step = np.maximum(step, np.where(vis, self._val(v, F, n), 0.0))
         alloc = np.zeros((n, 4))
-        if stage not in self.cd.outputs:
-            size = np.prod(shapes[stage], axis=1) * _nbytes(op.dtype)
-            ch = self.chain.get(stage, [])
-            outer = np.prod([ext[s][it] for s, it, _ in ch], axis=0) if ch else np.ones(n)
-            local = (st.scope in ("global", "local")) if st.attach.kind == "at" else st.scope == "local"
-            alloc = np.stack([size, outer, np.prod(E, axis=1) / outer, np.full(n, float(local))], axis=1)
-        return StoreNest(tuple(kinds), E, rep.ops, accesses, step, alloc, rep.is_init, rep.is_update)
+        if alloc_plan is not None:
+            eb, ch, local = alloc_plan
+            size = np.prod(shapes[stage], axis=1) * eb
+            outer = np.prod([ext[s][it] for s, it in ch], axis=0) if ch else np.ones(n)
+            alloc = np.stack([size, outer, np.prod(E, axis=1) / outer, np.full(n, local)], axis=1)
+        return StoreNest(kinds, E, rep.ops, accesses, step, alloc, rep.is_init, rep.is_update)
 
     @staticmethod
-    def _stack(coefs: dict, refs: list, n: int, D: int, minus: dict) -> np.ndarray:
-        out = np.zeros((n, len(refs), D))
-        for li, u in enumerate(refs):
-            g = coefs.get(u)
-            if g is not None:
-                out[:, li] = g
-            m = minus.get(u)
-            if m is not None:
-                out[:, li] = out[:, li] - m
+    def _stack(allc: np.ndarray, pos: dict, refs: list, n: int, D: int, minus: dict) -> np.ndarray:
+        """(N, L, D) coefficients of the statement's loops (`refs`) from the (N, U, D) ones of the stage's loop
+        refs (`pos`: ref -> U index; a loop the stage does not know moves nothing), less the region minimum."""
+        li = [k for k, u in enumerate(refs) if u in pos]
+        if len(li) == len(refs):            # every loop known: one gather
+            out = allc[:, [pos[u] for u in refs]]
+        else:
+            out = np.zeros((n, len(refs), D))
+            if li:
+                out[:, li] = allc[:, [pos[refs[k]] for k in li]]
+        if minus:
+            for k, u in enumerate(refs):
+                m = minus.get(u)
+                if m is not None:
+                    out[:, k] = out[:, k] - m
         return out
 
     @staticmethod
@@ -588,40 +695,66 @@ _TEMPLATES: dict[tuple, Template | None] = {}
 _MAX_TEMPLATES = 4096
 
 
-def _template(cd: ComputeDef, key_cd: str, sched) -> Template | None:
-    key = (key_cd, structure_key(sched))
-    if key not in _TEMPLATES:
+def _template(cd: ComputeDef, key_cd: str, sched, skey: tuple | None = None) -> Template | None:
+    key = (key_cd, key_and_row(sched)[0] if skey is None else skey)
+    tpl = _TEMPLATES.get(key, _TEMPLATES)
+    if tpl is _TEMPLATES:
         if len(_TEMPLATES) >= _MAX_TEMPLATES:
             _TEMPLATES.clear()
         try:
-            _TEMPLATES[key] = Template.build(cd, sched)
+            tpl = Template.build(cd, sched)
         except (Unsupported, ScheduleError):
-            _TEMPLATES[key] = None
-    return _TEMPLATES[key]
+            tpl = None
+        _TEMPLATES[key] = tpl
+    return tpl
 
 
 def batch_features(cd: ComputeDef, schedules, workload_key: str | None = None) -> list[np.ndarray | None]:
     """Log-scaled features (S_i, NUM_FEATURES) of each schedule (None for a schedule that does not lower).
     Schedules sharing a structure are instantiated together from one template; then statements of equal
     shape (`nest_signature`) across all structures are featurized in one numpy call; then the program
-    columns of each structure's programs (`add_program_features`, one numpy call per structure)."""
+    columns of each structure's programs (`add_program_features`, one numpy call per structure).
+    The garbage collector is paused meanwhile: the templates and results a batch keeps would otherwise trigger
+    a collection every few hundred of them (and a full one, a walk over every object of the process, every
+    ~100 collections), though they make no garbage cycles; afterwards they count as one."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return _batch_features(cd, schedules, workload_key)
+    finally:
+        if was:
+            gc.enable()
+
+
+def _batch_features(cd: ComputeDef, schedules, workload_key: str | None) -> list[np.ndarray | None]:
     key_cd = workload_key or cd.name + str(id(cd))
-    groups: dict[tuple, list[int]] = {}
+    groups: dict[tuple, tuple[list[int], list[list]]] = {}
     for i, s in enumerate(schedules):
-        groups.setdefault(structure_key(s), []).append(i)
+        if len(_TOKENS) >= _MAX_TOKENS:          # tokens are keys of _TEMPLATES: forget both together
+            _TOKENS.clear()
+            _BY_ID.clear()
+            _TEMPLATES.clear()
+        k, row = key_and_row(s)
+        g = groups.get(k)
+        if g is None:
+            groups[k] = ([i], [row])
+        else:
+            g[0].append(i)
+            g[1].append(row)
     out: list[np.ndarray | None] = [None] * len(schedules)
     done: list[tuple[list[int], list[StoreNest]]] = []
-    for _k, idx in groups.items():
-        scheds = [schedules[i] for i in idx]
-        tpl = _template(cd, key_cd, scheds[0])
+    for k, (idx, rows) in groups.items():
+        tpl = _template(cd, key_cd, schedules[idx[0]], k)
         if tpl is not None:
             try:
-                nests = tpl.nests(factor_matrix(scheds, tpl.refs))
+                F = np.array(rows, dtype=np.float64) if tpl.refs else np.zeros((len(idx), 0))
+                nests = tpl.nests(F)
                 if tpl.bad.any():   # candidates the template cannot express: lowered one by one below
-                    rest = [i for i, b in zip(idx, tpl.bad) if b]
-                    idx = [i for i, b in zip(idx, tpl.bad) if not b]
+                    bad = tpl.bad
+                    rest = [i for i, b in zip(idx, bad) if b]
+                    idx = [i for i, b in zip(idx, bad) if not b]
                     if idx:
-                        nests = tpl.nests(factor_matrix([schedules[i] for i in idx], tpl.refs))
+                        nests = tpl.nests(F[~bad])
                     for i in rest:
                         out[i] = exact_features(cd, schedules[i])
                 if idx:
@@ -635,17 +768,19 @@ def batch_features(cd: ComputeDef, schedules, workload_key: str | None = None) -
     for g, (_idx, nests) in enumerate(done):
         for j, nst in enumerate(nests):
             buckets.setdefault(nest_signature(nst), []).append((g, j))
-    rows: dict[tuple[int, int], np.ndarray] = {}
+    rows_of: dict[tuple[int, int], np.ndarray] = {}
     for members in buckets.values():
         nests = [done[g][1][j] for g, j in members]
         X = log_scale(store_features(stack_nests(nests)))
         at = 0
         for (g, j), nst in zip(members, nests):
             k = nst.ext.shape[0]
-            rows[(g, j)] = X[at:at + k]
+            rows_of[(g, j)] = X[at:at + k]
             at += k
     for g, (idx, nests) in enumerate(done):
-        X = add_program_features(np.stack([rows[(g, j)] for j in range(len(nests))], axis=1)) if nests else \
+        # per structure (not all programs of equal length at once): numpy's sums over a program's rows take
+        # another order in a larger array, which changes prog_* columns in the last bit
+        X = add_program_features(np.stack([rows_of[(g, j)] for j in range(len(nests))], axis=1)) if nests else \
             np.zeros((len(idx), 0, NUM_FEATURES))
         for j, i in enumerate(idx):
             out[i] = X[j]

@@ -215,7 +215,12 @@ def stack_nests(nests: list[StoreNest]) -> StoreNest:
 
 def log_scale(x: np.ndarray) -> np.ndarray:
     """sign(x) * log2(1 + |x|), elementwise."""
-    return np.sign(x) * np.log2(1.0 + np.abs(x))
+    a = np.abs(x)
+    if a.dtype.kind != "f":
+        a = a.astype(np.float64)
+    a += 1.0                    # the same numbers as 1.0 + |x|, without more temporaries of a large x
+    np.log2(a, out=a)
+    return np.sign(x) * a
 
 
 # ----------------------------------------------------------------------------- the core
@@ -250,14 +255,14 @@ def store_features(nest: StoreNest) -> np.ndarray:
     for k in _GPU_KINDS:
         m = real & (km == _KIND_CODE[k])
         out[:, _COL[f"gpu_{k.value}"]] = np.where(m.any(axis=1), np.prod(np.where(m, ext, 1.0), axis=1), 0.0)
-    _buffer_features(nest, ext, real, prod, out)
+    memo = _buffer_features(nest, ext, real, prod, out)
     out[:, _COL["alloc_size"]:_COL["alloc_local"] + 1] = nest.alloc
     out[:, _COL["outer_prod"]] = prod
     out[:, _COL["num_loops"]] = nreal
     out[:, _COL["auto_unroll_max_step"]] = nest.unroll_step
     out[:, _COL["is_init"]] = float(nest.is_init)
     out[:, _COL["is_update"]] = float(nest.is_update)
-    _loop_features(nest, ext, real, km, rank, nreal, prod, out)
+    _loop_features(nest, ext, real, km, rank, nreal, prod, out, memo)
     return out
 
 
@@ -273,8 +278,11 @@ def machine() -> tuple[int, int, int, int]:
     return (n if n > 0 else max(1, t.cores)), max(128, t.vector_bits), t.l1d_bytes or 32768, t.l2_bytes or 1 << 20
 
 
-def _flat_strides(a: Access) -> np.ndarray:
-    """(N, L) elements one iteration of each loop moves the access by (whole coefficients, as `stride`)."""
+def _flat_strides(a: Access, step: np.ndarray | None = None, frac: np.ndarray | None = None) -> np.ndarray:
+    """(N, L) elements one iteration of each loop moves the access by (whole coefficients, as `stride`).
+    `step` / `frac`: the two |flat strides| (whole coefficients only / all) when already computed."""
+    if step is not None:
+        return np.where(step > 1e-12, step, np.where(frac > 1e-12, 0.5, 0.0))
     n, nl = a.coef.shape[:2]
     if not a.coef.size:
         return np.zeros((n, nl))
@@ -285,7 +293,8 @@ def _flat_strides(a: Access) -> np.ndarray:
     return np.where(step > 1e-12, step, np.where(frac > 1e-12, 0.5, 0.0))   # only fractional moves: "other"
 
 
-def _loop_features(nest: StoreNest, ext, real, km, rank, nreal, prod, out: np.ndarray) -> None:
+def _loop_features(nest: StoreNest, ext, real, km, rank, nreal, prod, out: np.ndarray, memo) -> None:
+    """`memo`: per access (regions, unique elements per level, whole / all flat strides) from _buffer_features."""
     n, nl = ext.shape
     rows = np.arange(n)
     threads, vbits, l1, l2 = machine()
@@ -306,7 +315,7 @@ def _loop_features(nest: StoreNest, ext, real, km, rank, nreal, prod, out: np.nd
     vec = real & (km == _KIND_CODE[ForKind.VECTORIZED])
     has_v = vec.any(axis=1)
     vl = nl - 1 - np.argmax(vec[:, ::-1], axis=1) if nl else np.zeros(n, int)
-    strides = [_flat_strides(a) for a in nest.accesses]
+    strides = [_flat_strides(a, m[2], m[3]) for a, m in zip(nest.accesses, memo)]
     w = next((j for j, a in enumerate(nest.accesses) if a.mode != 0), None)
     vec_ok = has_v & (rank[rows, vl] == nreal - 1) if nl else np.zeros(n, bool)
     if w is not None and nl:
@@ -341,18 +350,18 @@ def _loop_features(nest: StoreNest, ext, real, km, rank, nreal, prod, out: np.nd
     out[:, _COL["unroll_copies"]] = np.where(nreal > 0, copies, 0.0)
     if w is not None:
         a = nest.accesses[w]
-        uw = np.prod(_regions(a, ext)[:, 0, :], axis=1) if a.shape.shape[1] else np.ones(n)
+        uw = memo[w][1][:, 0] if a.shape.shape[1] else np.ones(n)     # the product over dimensions at level 0
         out[:, _COL["write_ratio"]] = prod / np.maximum(uw, 1.0)
     # cache fit: footprint of all buffers inside each level
     if nest.accesses and nl:
-        foot = sum(np.prod(_regions(a, ext), axis=2) * a.elem_bytes for a in nest.accesses)   # (N, L+1)
+        foot = sum(m[1] * a.elem_bytes for a, m in zip(nest.accesses, memo))   # (N, L+1)
         suffix = _suffix_prod(ext)
         for name, cap in (("l1_fit_prod", l1), ("l2_fit_prod", l2)):
             k = np.argmax(foot <= cap, axis=1)     # outermost level that fits (level L always does: one point)
             out[:, _COL[name]] = suffix[rows, k]
     _guard_features(nest, ext, real, inner, has_i, w, out)
     if w is not None and nl:
-        _tile_features(nest, ext, real, strides, w, lanes, out)
+        _tile_features(nest, ext, real, strides, w, lanes, out, memo)
 
 
 def _divides(a: Access, ext: np.ndarray, real: np.ndarray) -> np.ndarray:
@@ -364,7 +373,7 @@ def _divides(a: Access, ext: np.ndarray, real: np.ndarray) -> np.ndarray:
         real[:, :, None] & (a.shape[:, None, :] > 1)
 
 
-def _tile_features(nest: StoreNest, ext, real, strides, w, lanes, out: np.ndarray) -> None:
+def _tile_features(nest: StoreNest, ext, real, strides, w, lanes, out: np.ndarray, memo) -> None:
     """rt_*: the register tile inside the innermost loop that does not move the stored element."""
     n, nl = ext.shape
     rows = np.arange(n)
@@ -373,7 +382,7 @@ def _tile_features(nest: StoreNest, ext, real, strides, w, lanes, out: np.ndarra
     lvl = np.where(has, nl - np.argmax(zero[:, ::-1], axis=1), nl)     # the level just inside that loop
     elems = loads = 0.0
     for j, a in enumerate(nest.accesses):
-        u = np.prod(_regions(a, ext)[rows, lvl], axis=1) if a.shape.shape[1] else np.ones(n)
+        u = memo[j][1][rows, lvl] if a.shape.shape[1] else np.ones(n)
         if j == w:
             elems = u
         elif a.mode == 0:
@@ -393,7 +402,8 @@ def _guard_features(nest: StoreNest, ext, real, inner, has_i, w, out: np.ndarray
         a = nest.accesses[w]
         # loops that index the buffer through a division (x // k with x % k: a fused loop) wrap around rather
         # than overrun it: they do not count
-        whole = ~np.any(_divides(a, ext, real), axis=2)                         # (N, L)
+        frac_w = _divides(a, ext, real)
+        whole = ~np.any(frac_w, axis=2)                                         # (N, L)
         moves = (np.abs(a.coef) > 1e-12) & (real & whole)[:, :, None]              # (N, L, D)
         span = 1.0 + np.floor(np.sum(np.where(moves, np.abs(a.coef) * (ext - 1.0)[:, :, None], 0.0), axis=1) + 1e-9)
         guarded = span > a.shape + 1e-9
@@ -407,12 +417,13 @@ def _guard_features(nest: StoreNest, ext, real, inner, has_i, w, out: np.ndarray
         out[:, _COL["guard_inner"]] = has_g & has_i & gl[rows, inner]
     else:
         out[:, _COL["pad_ratio"]] = 1.0
+        frac_w = None
     div = np.zeros(n)
     div_in = np.zeros(n)
-    for a in nest.accesses:
+    for j, a in enumerate(nest.accesses):
         if not nl or not a.coef.shape[2]:
             continue
-        frac = _divides(a, ext, real)
+        frac = frac_w if j == w and frac_w is not None else _divides(a, ext, real)
         div += a.count * frac.any(axis=(1, 2))
         div_in += a.count * (frac[rows, inner].any(axis=1) & has_i)
     out[:, _COL["idx_div"]] = div
@@ -437,11 +448,13 @@ def _regions(acc: Access, ext: np.ndarray) -> np.ndarray:
     return np.minimum(acc.shape[:, None, :], 1.0 + np.floor(cum + 1e-9))
 
 
-def _buffer_features(nest: StoreNest, ext: np.ndarray, real: np.ndarray, prod: np.ndarray, out: np.ndarray) -> None:
+def _buffer_features(nest: StoreNest, ext: np.ndarray, real: np.ndarray, prod: np.ndarray, out: np.ndarray) -> list:
+    """The B*.* and intensity columns; returns per access what the loop columns reuse (`_loop_features`)."""
     n, nl = ext.shape
     accs = nest.accesses
     if not accs:
-        return
+        return []
+    memo = []
     suffix = _suffix_prod(ext)
     rows = np.arange(n)
     per = []   # per access: dict of (N,) arrays
@@ -461,6 +474,7 @@ def _buffer_features(nest: StoreNest, ext: np.ndarray, real: np.ndarray, prod: n
         # the step of one iteration: a fractional coefficient (x // k) moves its dimension once every k steps
         whole = np.where(np.abs(a.coef) >= 1 - 1e-9, a.coef, 0.0)
         step = np.abs(np.einsum("nld,nd->nl", whole, rowstride)) if a.coef.size else np.zeros((n, nl))
+        memo.append((reg, uniq, step, stride))
         step = np.where(step > 1e-12, step, stride)
         s_in = np.where(has_mv, step[rows, inner_mv] if nl else 0.0, 0.0)
         e_in = np.where(has_mv, ext[rows, inner_mv] if nl else 1.0, 1.0)
@@ -511,6 +525,7 @@ def _buffer_features(nest: StoreNest, ext: np.ndarray, real: np.ndarray, prod: n
             thr = total * j / CURVE_SAMPLES + 1e-9
             k = np.argmax(logf <= thr[:, None], axis=1)
             out[:, _COL[f"intensity_{j}"]] = inten[rows, k]
+    return memo
 
 
 def _row_strides(shape: np.ndarray) -> np.ndarray:

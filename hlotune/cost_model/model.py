@@ -162,6 +162,18 @@ def _program_rows(feats: list[np.ndarray], mode: str) -> tuple[np.ndarray, np.nd
     return X, np.arange(len(feats))
 
 
+def _packed_rows(feats: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """`_program_rows` of packsum / packrank for prediction: the same rows and program indices in one
+    concatenation and one repeat (no per-program arrays)."""
+    counts = np.fromiter((f.shape[0] for f in feats), dtype=np.int64, count=len(feats))
+    if counts.all():
+        X = np.concatenate(feats)
+    else:
+        X = np.concatenate([f if f.shape[0] else np.zeros((1, NUM_FEATURES)) for f in feats])
+        counts = np.maximum(counts, 1)
+    return X, np.repeat(np.arange(len(feats)), counts)
+
+
 def pair_weights(y: np.ndarray) -> np.ndarray:
     """(n, n) weights of the ordered pairs (i faster than j) of one task's normalized throughputs `y`:
     max(y_i, y_j) (pairs with a fast program count more: the search needs the top of the ranking) x
@@ -338,7 +350,10 @@ class CostModel:
         ok = [i for i, f in enumerate(feats) if f is not None]
         if not ok:
             return out
-        X, pid = _program_rows([feats[i] for i in ok], self.mode)
+        if self.mode in ("packsum", "packrank"):
+            X, pid = _packed_rows([feats[i] for i in ok])
+        else:
+            X, pid = _program_rows([feats[i] for i in ok], self.mode)
         p = self.booster.inplace_predict(X)     # no DMatrix: 3-4x faster than predict(DMatrix(X)), same values
         out[ok] = np.bincount(pid, weights=p, minlength=len(ok)) if self.mode in ("packsum", "packrank") else p
         if self.mode == "packrank":     # log-odds -> a throughput-like scale (the search selects in proportion)

@@ -283,3 +283,29 @@ def test_guard_index_and_register_tile_columns(monkeypatch):
     r = _raw(features_of_func(_matmul_func())[0])
     assert (f("rt_elems"), f("rt_regs"), f("rt_loads")) == (16, 1, 17)
     assert f("rt_inten") == pytest.approx(16 / 17) and f("guard_dims") == 0 and f("idx_div") == 0
+
+
+def test_batch_grouping_key_and_factor_rows():
+    """The batch path groups by `key_and_row` (small-int tokens for the blanked steps): equal keys exactly when the
+    structure keys are equal, and the row is what the structure's template reads (`factor_matrix` at its refs);
+    and the batch path gives the exact path's features."""
+    import random
+
+    from hlotune.cost_model.fast_features import Template, factor_matrix, key_and_row, structure_key
+    from hlotune.schedule_space.task import Task
+    from hlotune.search.space import TaskSpace, sample_random
+
+    m = hlotune.load_model(model_path("dense_bias_relu", "hlo"))
+    sg = m.frontend.subgraphs[0]
+    w = sg.workload
+    space = TaskSpace(Task(w.key, w.compute, _T, 1, sg.name, float(w.flops)))
+    scheds = sample_random(space, random.Random(7), 30)
+    got = [key_and_row(s) for s in scheds]
+    for a, (ka, _) in zip(scheds, got):
+        for b, (kb, _) in zip(scheds, got):
+            assert (ka == kb) == (structure_key(a) == structure_key(b))
+    for s, (_, row) in list(zip(scheds, got))[:8]:
+        tpl = Template.build(w.compute, s)
+        np.testing.assert_array_equal(factor_matrix([s], tpl.refs)[0], np.array(row, dtype=np.float64))
+    for s, fast in zip(scheds, batch_features(w.compute, scheds, w.key + "-grouping-test")):
+        np.testing.assert_allclose(fast, exact_features(w.compute, s), atol=1e-6, err_msg=f"{s.steps}")
