@@ -910,6 +910,22 @@ def precompile(log) -> int:
     return 1 if errors else 0
 
 
+def _subgraph_variant_table(title: str, rows) -> list[str]:
+    """Markdown lines of a table of subgraph variants (`gemm_variants`, `mma_subgraphs`); none without rows."""
+    if not rows:
+        return []
+    md = ["", f"| {title} | us | TFLOP/s | rel err | template | regs | launch |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            md.append(f"| {r['model']}/{r['subgraph']} {r['variant']} | error | | {r['error'][:80]} | | | |")
+        else:
+            rs = r["resources"][0]
+            md.append(f"| {r['model']}/{r['subgraph']} {r['variant']} | {r['us']:.1f} | {r['tflops']:.1f} | "
+                      f"{r['rel_err']:.1e} | {r['template']} | {rs['regs']} | {rs['grid']} x {rs['block']} |")
+    return md
+
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
@@ -1044,16 +1060,7 @@ def main() -> int:
             if "error" not in r:
                 md.append(f"| {r['n']} {r['variant']} | {r['gflops']:.0f} | {100 * (r['of_cublas'] or 0):.0f} | "
                           f"{r['resources'][0]['regs']} | {r['resources'][0]['local_bytes']} |")
-    if res.get("gemm_variants"):
-        md += ["", "| GEMM-bound subgraph variant | us | TFLOP/s | rel err | template | regs | launch |",
-               "|---|---|---|---|---|---|---|"]
-        for r in res["gemm_variants"]:
-            if "error" in r:
-                md.append(f"| {r['model']}/{r['subgraph']} {r['variant']} | error | | {r['error'][:80]} | | | |")
-            else:
-                rs = r["resources"][0]
-                md.append(f"| {r['model']}/{r['subgraph']} {r['variant']} | {r['us']:.1f} | {r['tflops']:.1f} | "
-                          f"{r['rel_err']:.1e} | {r['template']} | {rs['regs']} | {rs['grid']} x {rs['block']} |")
+    md += _subgraph_variant_table("GEMM-bound subgraph variant", res.get("gemm_variants"))
     if res.get("mma_matmul"):
         md += ["", "| matmul (mma variants) | GFLOP/s | us | max err | norm err | template | regs | local bytes |",
                "|---|---|---|---|---|---|---|---|"]
@@ -1065,16 +1072,7 @@ def main() -> int:
             md.append(f"| {r['n']}^3 {r['variant']} | {r['gflops']:.0f} | {r['us']:.1f} | {r['max_err']:.2e} | "
                       f"{r['rel_err']:.2e} | {r.get('template', '')} | {rs.get('regs', '')} | "
                       f"{rs.get('local_bytes', '')} |")
-    if res.get("mma_subgraphs"):
-        md += ["", "| GEMM-bound subgraph (mma variants) | us | TFLOP/s | rel err | template | regs | launch |",
-               "|---|---|---|---|---|---|---|"]
-        for r in res["mma_subgraphs"]:
-            if "error" in r:
-                md.append(f"| {r['model']}/{r['subgraph']} {r['variant']} | error | | {r['error'][:80]} | | | |")
-            else:
-                rs = r["resources"][0]
-                md.append(f"| {r['model']}/{r['subgraph']} {r['variant']} | {r['us']:.1f} | {r['tflops']:.1f} | "
-                          f"{r['rel_err']:.1e} | {r['template']} | {rs['regs']} | {rs['grid']} x {rs['block']} |")
+    md += _subgraph_variant_table("GEMM-bound subgraph (mma variants)", res.get("mma_subgraphs"))
     if res.get("mma_models"):
         md += ["", "| model (mma on / off) | tensor_core | ours us | kernels alone us | JAX us | JAX reference us | "
                "x reference | rel err vs JAX |", "|---|---|---|---|---|---|---|---|"]

@@ -1701,6 +1701,31 @@ template <int N> __device__ __forceinline__ void hl_cp_wait() {
 """
 
 
+def _cp_async_ring(st: int, kt: int, issue, body: list[str]) -> list[str]:
+    """The K loop of a cp.async ring of `st` stages over `kt` tiles (both GEMM templates that use one): the first
+    st - 1 tiles issued up front (one commit group per tile, empty past the last), then per tile: wait for its group,
+    one barrier, issue tile kt + st - 1 into the slot freed last, commit, `body` (the compute on slot hl_cur).
+    `issue(k, slot)` gives the copy lines of tile k into ring slot `slot` (C expressions)."""
+    o: list[str] = []
+    for s0 in range(st - 1):
+        o += ["  {", *issue(str(s0), str(s0)), "  }"] if s0 < kt else []
+        o.append("  hl_cp_commit();")
+    return o + ["  int hl_cur = 0;",
+                f"  for (int hl_kt = 0; hl_kt < {kt}; ++hl_kt) {{",
+                f"    hl_cp_wait<{st - 2}>();",
+                "    __syncthreads();",
+                f"    if (hl_kt + {st - 1} < {kt}) {{",
+                f"      const int hl_nk = hl_kt + {st - 1}, hl_ns = hl_cur == 0 ? {st - 1} : hl_cur - 1;",
+                *issue("hl_nk", "hl_ns"),
+                "    }",
+                "    hl_cp_commit();",
+                *body,
+                f"    hl_cur = hl_cur == {st - 1} ? 0 : hl_cur + 1;",
+                "  }",
+                "  __syncthreads();",
+                "}"]
+
+
 def _gemm_async_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     """The GEMM template with a ring of `g.stages` shared stages filled by cp.async: before the loop tiles 0..S-2
     are issued (one commit group each); K tile kt waits until its group is complete (at most S-2 newer ones
@@ -1789,25 +1814,7 @@ def _gemm_async_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
                     f"        for (int j = 0; j < {g.nr}; ++j) {fma}hl_a[i] * hl_b[j];",
                     "      }",
                     "    }"]
-    for s0 in range(st - 1):    # one commit group per tile (empty past the last tile)
-        o += ["  {", *issue(str(s0), str(s0)), "  }"] if s0 < kt else []
-        o.append("  hl_cp_commit();")
-    o += ["  int hl_cur = 0;",
-          f"  for (int hl_kt = 0; hl_kt < {kt}; ++hl_kt) {{",
-          f"    hl_cp_wait<{st - 2}>();",
-          "    __syncthreads();",
-          f"    if (hl_kt + {st - 1} < {kt}) {{",
-          f"      const int hl_nk = hl_kt + {st - 1}, hl_ns = hl_cur == 0 ? {st - 1} : hl_cur - 1;",
-          *issue("hl_nk", "hl_ns"),
-          "    }",
-          "    hl_cp_commit();",
-          "    #pragma unroll",
-          *compute,
-          f"    hl_cur = hl_cur == {st - 1} ? 0 : hl_cur + 1;",
-          "  }",
-          "  __syncthreads();",
-          "}"]
-    return o
+    return o + _cp_async_ring(st, kt, issue, ["    #pragma unroll", *compute])
 
 
 # ----------------------------------------------------------------------------- GEMM template on tensor cores
@@ -2089,25 +2096,7 @@ def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
                 compute += [f"            {x} = {x} + hl_p{q};" for q, x in enumerate(cacc)]
             compute += ["          }", "        }", "      }"]
         compute.append("    }")
-    for s0 in range(st - 1):    # one commit group per tile (empty past the last tile)
-        o += ["  {", *issue(str(s0), str(s0)), "  }"] if s0 < kt else []
-        o.append("  hl_cp_commit();")
-    o += ["  int hl_cur = 0;",
-          f"  for (int hl_kt = 0; hl_kt < {kt}; ++hl_kt) {{",
-          f"    hl_cp_wait<{st - 2}>();",
-          "    __syncthreads();",
-          f"    if (hl_kt + {st - 1} < {kt}) {{",
-          f"      const int hl_nk = hl_kt + {st - 1}, hl_ns = hl_cur == 0 ? {st - 1} : hl_cur - 1;",
-          *issue("hl_nk", "hl_ns"),
-          "    }",
-          "    hl_cp_commit();",
-          *(convert() if planes else []),
-          *compute,
-          f"    hl_cur = hl_cur == {st - 1} ? 0 : hl_cur + 1;",
-          "  }",
-          "  __syncthreads();",
-          "}"]
-    return o
+    return o + _cp_async_ring(st, kt, issue, [*(convert() if planes else []), *compute])
 
 
 # ----------------------------------------------------------------------------- implicit-GEMM template
