@@ -550,24 +550,6 @@ def _row_subgraphs():
                 yield name, sg
 
 
-def _row_kernel(cd, name: str, opts: dict, flags: dict, build):
-    import hlotune.codegen.cuda as cuda_gen
-    import hlotune.codegen.cuda_runtime as rt
-    from hlotune.schedule_space.default_gpu import default_gpu_schedule
-    from hlotune.schedule_space.lower import lower
-
-    old = {k: getattr(cuda_gen, k) for k in flags}
-    rt._KCACHE.clear()
-    for k, v in flags.items():
-        setattr(cuda_gen, k, v)
-    try:
-        return build(lower(cd, default_gpu_schedule(cd, options=opts), name=name))
-    finally:
-        for k, v in old.items():
-            setattr(cuda_gen, k, v)
-        rt._KCACHE.clear()
-
-
 def row_variants(torch, copy_gbs: float, log) -> list[dict]:
     """The row-fused schedule's choices (row cache, rows per block, barriers and combines) on the row-fused
     subgraphs, each checked against the default variant's output."""
@@ -581,7 +563,7 @@ def row_variants(torch, copy_gbs: float, log) -> list[dict]:
         ref = None
         for label, (opts, flags) in ROW_VARIANTS.items():
             try:
-                kern = _row_kernel(cd, sg.name, opts, flags, build_cuda)
+                kern = _variant_kernel(cd, sg.name, opts, flags, build_cuda)
                 o = torch.full(cd.stage(cd.outputs[0]).shape, float("nan"), device="cuda")
                 kern(*ins, o)
                 torch.cuda.synchronize()
@@ -840,7 +822,7 @@ def precompile(log) -> int:
             _ew_kernel(cd, sg.name, o, lambda f, g=grid: add(f, SMS * g))
     for _, sg in _row_subgraphs():
         for opts, flags in ROW_VARIANTS.values():
-            _row_kernel(sg.workload.compute, sg.name, opts, flags, add)
+            _variant_kernel(sg.workload.compute, sg.name, opts, flags, add)
     for model, name, _, opts, flags in GEMM_VARIANTS:
         sg = _gemm_subgraph(model, name)
         _variant_kernel(sg.workload.compute, sg.name, opts, flags, add)

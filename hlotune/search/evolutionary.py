@@ -324,9 +324,9 @@ class EvolutionarySearch:
     def sketch_bests_first(self, cands: list[Schedule]) -> list[Schedule]:
         """`cands` (a batch from `propose` or `rerank`) reordered: the default-like seeds, then the model's best
         candidate of each sketch of the last round's pool, scored as of that call (best first), then the rest in
-        their order, cut to `len(cands)`.  A pretrained model can rank one sketch's
-        schedules far too high on a new task; measured in parts, the first parts then try every sketch and the
-        model learns which ones suit this task before the rest is ranked again."""
+        their order, cut to `len(cands)`.  A pretrained model can rank one sketch's schedules far too high on a new
+        task; measured in parts, the first part then tries every sketch and the model learns which ones suit this
+        task before the rest is ranked again."""
         seeds = {s.key for s in self.space.seeds}
         best: dict[str, tuple[float, str, Schedule]] = {}
         for s in self.pool:
