@@ -61,13 +61,19 @@ def search_workers() -> int:
     return max(1, n if n > 0 else min(CHUNKS, os.cpu_count() or 1))
 
 
-def fanout(fn, jobs: list[tuple], workers: int, *common) -> list:
+def fanout(fn, jobs: list[tuple], workers: int, *common, finish=None) -> list:
     """[fn(*job, *common) for job in jobs], the jobs shared round-robin between this process and `workers - 1`
     processes forked from it (each sees this process' state: the task's sketches and caches, so nothing but
-    the jobs' results is sent, pickled, through a pipe).  A worker that fails has its jobs done here."""
+    the jobs' results is sent, pickled, through a pipe).  `finish` (optional) maps one process' list of results
+    to the list it returns, in that process (work pooled over its share: the features of all its schedules in
+    one batch).  A worker that fails has its jobs done here."""
+    def run(share: list[int]) -> list[tuple]:
+        res = [fn(*jobs[k], *common) for k in share]
+        return list(zip(share, finish(res) if finish is not None and res else res))
+
     workers = min(workers, len(jobs))
     if workers <= 1 or not hasattr(os, "fork"):
-        return [fn(*j, *common) for j in jobs]
+        return [v for _, v in run(list(range(len(jobs))))]
     shares = [list(range(k, len(jobs), workers)) for k in range(workers)]
     kids = []
     for share in shares[1:]:
@@ -85,7 +91,7 @@ def fanout(fn, jobs: list[tuple], workers: int, *common) -> list:
             code = 1
             try:
                 os.close(r)
-                data = pickle.dumps([(k, fn(*jobs[k], *common)) for k in share], protocol=pickle.HIGHEST_PROTOCOL)
+                data = pickle.dumps(run(share), protocol=pickle.HIGHEST_PROTOCOL)
                 with os.fdopen(w, "wb") as fh:
                     fh.write(data)
                 code = 0
@@ -94,8 +100,8 @@ def fanout(fn, jobs: list[tuple], workers: int, *common) -> list:
         os.close(w)
         kids.append((pid, r, share))
     out: list = [None] * len(jobs)
-    for k in shares[0]:
-        out[k] = fn(*jobs[k], *common)
+    for k, v in run(shares[0]):
+        out[k] = v
     for pid, r, share in kids:
         with os.fdopen(r, "rb") as fh:
             data = fh.read()
@@ -104,9 +110,7 @@ def fanout(fn, jobs: list[tuple], workers: int, *common) -> list:
             got = pickle.loads(data) if status == 0 and data else None
         except Exception:  # noqa: BLE001 - a truncated result: redo the share here
             got = None
-        for k in share if got is None else ():
-            out[k] = fn(*jobs[k], *common)
-        for k, v in got or ():
+        for k, v in got if got is not None else run(share):
             out[k] = v
     return out
 
@@ -211,24 +215,25 @@ class EvolutionarySearch:
         n = self.population - len(seeds)
         exclude = frozenset(s.key for s in seeds)
         jobs = [(n * k // CHUNKS, n * (k + 1) // CHUNKS, rng.getrandbits(64)) for k in range(CHUNKS)]
-        rand = self._merge(fanout(self._sample_chunk, jobs, self.workers, exclude, featurize), exclude)
+        rand = self._merge(fanout(self._sample_chunk, jobs, self.workers, exclude,
+                                  finish=self._pooled_features if featurize else None), exclude)
         return seeds + rand, rand
 
-    def _sample_chunk(self, lo: int, hi: int, seed: int, exclude: frozenset, featurize: bool):
-        got = sample_random(self.space, random.Random(seed), hi - lo, exclude=exclude)
-        return got, self._features_of(got) if featurize else None
+    def _sample_chunk(self, lo: int, hi: int, seed: int, exclude: frozenset):
+        return sample_random(self.space, random.Random(seed), hi - lo, exclude=exclude), None
 
     def _children(self, pop: list[Schedule], scores: np.ndarray, rng: random.Random) -> list[Schedule]:
         w = _weights(scores)
         parents = rng.choices(range(len(pop)), weights=w, k=self.population)
         m = len(parents)
         jobs = [(m * k // CHUNKS, m * (k + 1) // CHUNKS, rng.getrandbits(64)) for k in range(CHUNKS)]
-        return self._merge(fanout(self._children_chunk, jobs, self.workers, pop, w, parents), set())
+        return self._merge(fanout(self._children_chunk, jobs, self.workers, pop, w, parents,
+                                  finish=self._pooled_features), set())
 
     def _children_chunk(self, lo: int, hi: int, seed: int, pop: list[Schedule], w: list[float],
                         parents: list[int]):
         """Children of parents[lo:hi] (one random stream per chunk: the result does not depend on where the
-        chunk runs), with the features of those not in the cache."""
+        chunk runs); their features come from `_pooled_features`, once per process."""
         rng = random.Random(seed)
         groups: dict[str, tuple[list[int], list[float]]] = {}
         for i, s in enumerate(pop):
@@ -251,7 +256,14 @@ class EvolutionarySearch:
                 elif r < self.crossover_prob + self.mutation_prob:
                     child = mutate(sk, p, rng)
             out.append(child or p)
-        return out, self._features_of(out)
+        return out, None
+
+    def _pooled_features(self, results: list[tuple]) -> list[tuple]:
+        """`fanout`'s finish for one process' chunks (schedules, None): the features of all their schedules not in
+        the cache, in one batch (schedules of one structure across chunks share the template's work), given with the
+        first chunk."""
+        feats = self._features_of([s for scheds, _ in results for s in scheds])
+        return [(scheds, feats if i == 0 else None) for i, (scheds, _) in enumerate(results)]
 
     def _features_of(self, schedules: list[Schedule]) -> dict[str, np.ndarray | None]:
         """Features of those of `schedules` the cache does not hold (computed where the chunk runs)."""
