@@ -9,8 +9,9 @@ Map:
     .sketch_bests_first(cands) -> list[Schedule]      the same batch with each sketch's best candidate up front
                                                       (the first part of a fresh task's first round)
   score(space, model, schedules, cache) -> ndarray    predicted scores (higher = faster), features cached
-  fanout(fn, jobs, workers)                           a round's sampling / children chunks (CHUNKS, each its own
-                                                      random stream) run in processes forked from this one
+  fanout(fn, jobs, workers, finish=)                  a round's sampling / children chunks (CHUNKS, each its own
+                                                      random stream) run in processes forked from this one; each
+                                                      process featurizes its chunks' schedules in one batch
 
 One round (`propose`):
   1. initial population: the best measured schedules (up to `measured_ratio` of it), the task's default-like
