@@ -231,7 +231,6 @@ MMA_MATMUL = {"FFMA template (no tensor cores)": ({"tensor_core": 0}, {}),
               "3xTF32, default tiles, B split once per block, steps one by one": (
                   {"tensor_core": 3}, {"GEMM_MMA_B_PLANES": True, "GEMM_MMA_PAIR_STEPS": False}),
               "1xTF32, default tiles, B converted once per block": ({"tensor_core": 1}, {"GEMM_MMA_B_PLANES": True}),
-              "3xTF32, default tiles, integer TF32 rounding": ({"tensor_core": 3}, {"GEMM_MMA_INT_ROUND": True}),
               "3xTF32, default tiles, acc in the mma": ({"tensor_core": 3}, {"GEMM_MMA_SPLIT_ACC": False}),
               **{f"3xTF32 {t}": ({"tensor_core": 3, "tiles": t}, {}) for t in MMA_TILES}}
 #: GEMM-bound subgraphs of `--variants mma` (FFMA default, 3xTF32 default tiles, 3xTF32 under other tiles)

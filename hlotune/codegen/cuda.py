@@ -1836,9 +1836,6 @@ GEMM_MMA_SPLIT_ACC = True
 #: Off by default: correct, but 4-15 % slower on the H200 (the extra barrier and twice the B fragment loads cost more
 #: than the conversions saved; docs/gpu.md, session 5b)
 GEMM_MMA_B_PLANES = False
-#: the TF32 rounding (nearest, ties away) by integer add + mask instead of cvt.rna.tf32.f32 (the same bits for
-#: finite values and infinities; NaNs stay NaN).  Off: 11-26 % slower than cvt.rna on the H200
-GEMM_MMA_INT_ROUND = False
 #: 3xTF32 with GEMM_MMA_SPLIT_ACC: both 8-k steps of a 16-k chunk (6 products) summed in one zeroed fragment before
 #: the FADD into the accumulators (half the FADDs; both steps' fragments live; H200 matmul 4096^3 47.2k -> 51.5k
 #: GFLOP/s, error 9.6e-7 -> 7.7e-7); off: one fragment per 8-k step (session 5)
@@ -1862,14 +1859,6 @@ HL_INL unsigned hl_tf32(float x) {
 HL_INL void hl_split_tf32(float x, unsigned& big, unsigned& small) {
   big = hl_tf32(x);
   small = hl_tf32(x - __uint_as_float(big));
-}
-HL_INL unsigned hl_tf32i(float x) {
-  const unsigned b = __float_as_uint(x);
-  return ((b & 0x7f800000u) == 0x7f800000u) ? b : ((b + 0x1000u) & 0xffffe000u);
-}
-HL_INL void hl_split_tf32i(float x, unsigned& big, unsigned& small) {
-  big = hl_tf32i(x);
-  small = hl_tf32i(x - __uint_as_float(big));
 }
 HL_INL void hl_mma_tf32(float& c0, float& c1, float& c2, float& c3, unsigned a0, unsigned a1, unsigned a2,
                         unsigned a3, unsigned b0, unsigned b1) {
@@ -1974,8 +1963,7 @@ def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     half, nv = g.nr // 2, g.nr // 8
     three = g.mma == 3
     planes = GEMM_MMA_B_PLANES
-    split = "hl_split_tf32i" if GEMM_MMA_INT_ROUND else "hl_split_tf32"
-    tf32 = "hl_tf32i" if GEMM_MMA_INT_ROUND else "hl_tf32"
+    split, tf32 = "hl_split_tf32", "hl_tf32"
     o = [f"{{  // GEMM template: {g.bm}x{g.bn}x{g.bk} tile, {g.mr}x{g.nr} per thread, "
          f"{'3xTF32' if g.mma == 3 else 'TF32'} tensor cores (mma.sync m16n8k8), {st}-stage cp.async ring",
          f"  __shared__ __align__(16) float hl_As[{st}][{g.bm}][{g.bk + g.pad_a}];",

@@ -123,15 +123,6 @@ def key_and_row(steps) -> tuple[tuple, list]:
     return tuple(key), row
 
 
-def factor_matrix(schedules, refs: list[tuple[int, int]]) -> np.ndarray:
-    """(N, len(refs)) numbers of each schedule at the (step, position) references: split factors, or the
-    value of an unroll pragma (position -1)."""
-    if not refs:
-        return np.zeros((len(schedules), 0))
-    return np.array([[s.steps[i].factors[p] if p >= 0 else s.steps[i].value for i, p in refs] for s in schedules],
-                    dtype=np.float64)
-
-
 def _affine(e: Expr, axes: set[str]) -> tuple[dict[str, float], float] | None:
     """e as (coefficients over root axis names, constant), or None when not affine."""
     if isinstance(e, Var):

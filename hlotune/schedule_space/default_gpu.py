@@ -323,9 +323,13 @@ def _tensor_core(I: int, J: int, K: int, batch: int, max_threads: int) -> int:
         return 0
     else:
         want = TENSOR_CORE
-    ok = any(I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0 and K % t[4] == 0 and K > t[4]
-             and t[2] * t[3] <= max_threads for t in _MMA_TILES)
-    return want if ok else 0
+    return want if _mma_tiles(I, J, K, max_threads) else 0
+
+
+def _mma_tiles(I: int, J: int, K: int, max_threads: int) -> list[tuple]:
+    """The _MMA_TILES entries that divide an (I, J, K) dot (K at least two K steps) within `max_threads`."""
+    return [t for t in _MMA_TILES if I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0 and K % t[4] == 0
+            and K > t[4] and t[2] * t[3] <= max_threads]
 
 
 def _tile_sizes(I: int, J: int, K: int, max_threads: int, batch: int = 1,
@@ -334,8 +338,7 @@ def _tile_sizes(I: int, J: int, K: int, max_threads: int, batch: int = 1,
     if "tiles" in _OPTS:
         return tuple(int(x) for x in _OPTS["tiles"])  # type: ignore[return-value]
     if mma:
-        fits = [t for t in _MMA_TILES if I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0 and K % t[4] == 0
-                and K > t[4] and t[2] * t[3] <= max_threads]
+        fits = _mma_tiles(I, J, K, max_threads)
         for mr, nr, ti, tj, bk, waves in fits:
             if batch * (I // (mr * ti)) * (J // (nr * tj)) >= waves * _OPTS.get("sms", SMS) or \
                     (mr, nr, ti, tj, bk, waves) == fits[-1]:

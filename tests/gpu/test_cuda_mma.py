@@ -117,12 +117,10 @@ def test_mma_fused_epilogues_agree_with_algorithm(model, name, pair, monkeypatch
         assert _err(g, np.asarray(w, np.float64)) <= TOL_3X, (model, name)
 
 
-@pytest.mark.parametrize("flags", [{"GEMM_MMA_B_PLANES": True}, {"GEMM_MMA_INT_ROUND": True},
-                                   {"GEMM_MMA_B_PLANES": True, "GEMM_MMA_INT_ROUND": True}])
-def test_mma_b_planes_and_int_rounding_give_the_same_bits(flags, monkeypatch):
-    """B split once per block (`GEMM_MMA_B_PLANES`) or by every warp (the default), TF32 rounding by cvt.rna or by
-    integer add + mask (`GEMM_MMA_INT_ROUND`): the same TF32 words in the same mma order, so the same bits as the
-    default (on N(0, 1) inputs, 3xTF32 and plain TF32)."""
+@pytest.mark.parametrize("flags", [{"GEMM_MMA_B_PLANES": True}])
+def test_mma_b_planes_give_the_same_bits(flags, monkeypatch):
+    """B split once per block (`GEMM_MMA_B_PLANES`) or by every warp (the default): the same TF32 words in the same
+    mma order, so the same bits as the default (on N(0, 1) inputs, 3xTF32 and plain TF32)."""
     from hlotune.codegen import cuda
     from hlotune.codegen import cuda_runtime as rt
 

@@ -287,11 +287,12 @@ def test_guard_index_and_register_tile_columns(monkeypatch):
 
 def test_batch_grouping_key_and_factor_rows():
     """The batch path groups by `key_and_row` (small-int tokens for the blanked steps): equal keys exactly when the
-    structure keys are equal, and the row is what the structure's template reads (`factor_matrix` at its refs);
+    structure keys are equal, and the row is what the structure's template reads (the numbers at its refs:
+    split factors, or an unroll pragma's value at position -1);
     and the batch path gives the exact path's features."""
     import random
 
-    from hlotune.cost_model.fast_features import Template, factor_matrix, key_and_row, structure_key
+    from hlotune.cost_model.fast_features import Template, key_and_row, structure_key
     from hlotune.schedule_space.task import Task
     from hlotune.search.space import TaskSpace, sample_random
 
@@ -306,6 +307,7 @@ def test_batch_grouping_key_and_factor_rows():
             assert (ka == kb) == (structure_key(a) == structure_key(b))
     for s, (_, row) in list(zip(scheds, got))[:8]:
         tpl = Template.build(w.compute, s)
-        np.testing.assert_array_equal(factor_matrix([s], tpl.refs)[0], np.array(row, dtype=np.float64))
+        want = [s.steps[i].factors[p] if p >= 0 else s.steps[i].value for i, p in tpl.refs]
+        assert row == want
     for s, fast in zip(scheds, batch_features(w.compute, scheds, w.key + "-grouping-test")):
         np.testing.assert_allclose(fast, exact_features(w.compute, s), atol=1e-6, err_msg=f"{s.steps}")
