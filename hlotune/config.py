@@ -78,10 +78,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_dir", str, "logs", "where `hlotune tune` writes run logs by default"),
     Setting("num_threads", int, 0, "threads for parallel loops on the CPU (0: one per core)"),
     Setting("opt_level", int, 3, "LLVM optimization level for generated CPU code"),
+    Setting("build_max_ir_lines", int, 30000,
+            "a tuning candidate whose LLVM IR is longer than this is not built (a compile error; 0: no limit): "
+            "such over-unrolled code took 6-13 s to build and was never within 10 % of its task's best"),
     Setting("measure_realtime", _bool, False, "time CPU candidates at real-time priority (SCHED_RR) where this "
                                               "user may: other jobs can then not preempt a parallel kernel's threads"),
-    Setting("measure_cutoff", float, 3.0, "a candidate whose first timed repeat is more than this many times slower "
-                                          "than its task's best stops there (recorded with that repeat; 0: off)"),
+    Setting("measure_cutoff", float, 1.5, "a candidate whose first timed repeat is more than this many times slower "
+                                          "than its task's best stops there (recorded with that repeat; 0: off); "
+                                          "one whose checked first call is twice that slow stops before timing"),
     Setting("tune_pipeline", lambda t: _choice(t, ("auto", "on", "off")), "auto",
             "search the next batch while one is measured: auto (when the CPU runner times at real-time priority, "
             "HLOTUNE_MEASURE_REALTIME, or on cuda), on or off"),

@@ -6,7 +6,8 @@ Map:
                                                   `on_result(i, result)` is called as each finishes
     .close()
   BuildJob               (compute def, schedule steps, target, kernel name, fault)
-  compile_object(func, target) -> BuildResult     LoopFunc -> emit -> O3 -> object code (in-process)
+  compile_object(func, target) -> BuildResult     LoopFunc -> emit -> O3 -> object code (in-process); a candidate
+                                                  whose IR exceeds `build_max_ir_lines` is a compile error, unbuilt
   build_one(job) -> BuildResult                   what a worker does for one job
   _BuildHandler          the worker side (with the build_* faults of the test hook)
 
@@ -68,8 +69,14 @@ def compile_object(func: LoopFunc, target: Target, opt_level: int | None = None)
     level = int(config.get("opt_level")) if opt_level is None else opt_level
     tm = target_machine(target)   # cached; used for emit_object only, never handed to an engine
     module, symbol, parallel = emit_module(func, target.triple or llvm.get_process_triple())
+    text = str(module)
+    limit = int(config.get("build_max_ir_lines"))
+    lines = text.count("\n")
+    if 0 < limit < lines:
+        raise CompileError(f"{func.name}: the schedule's code is too large to be worth building ({lines} lines of "
+                           f"LLVM IR, limit {limit}: setting build_max_ir_lines); unroll less")
     try:
-        mod = llvm.parse_assembly(str(module))
+        mod = llvm.parse_assembly(text)
         mod.verify()
     except RuntimeError as e:
         raise CompileError(f"LLVM rejected the IR of {func.name}: {str(e).strip()}") from None

@@ -1,0 +1,78 @@
+"""The runner's two early cutoffs, in-process with a fake kernel whose call count and duration are known: a checked
+call already CHECK_CUTOFF x `cutoff_s` slow ends the candidate with that one call; a first repeat over `cutoff_s`
+ends it after that repeat; a candidate near the best is timed in full."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hlotune.measure.records import ErrorKind
+from hlotune.measure.reference import TaskData
+from hlotune.measure.runner import CHECK_CUTOFF, TimingConfig, measure_kernel
+
+
+class FakeKernel:
+    """Copies its input to its output, taking `first` seconds on its first call and `warm` after."""
+
+    def __init__(self, first: float, warm: float):
+        buf = SimpleNamespace(shape=(4,), dtype=SimpleNamespace(np=np.dtype(np.float32), value="f32"), name="b")
+        self.func = SimpleNamespace(inputs=(buf,), outputs=(buf,))
+        self.first, self.warm, self.calls = first, warm, 0
+
+    def bind(self, x, out):
+        def run():
+            self.calls += 1
+            end = time.perf_counter() + (self.first if self.calls == 1 else self.warm)
+            out[...] = x
+            while time.perf_counter() < end:
+                pass
+        return run
+
+
+DATA = TaskData("t", (np.arange(4, dtype=np.float32),), (np.arange(4, dtype=np.float32),), ((0.0, 0.0),))
+TIMING = TimingConfig(warmup_ms=1.0, repeats=3, min_repeat_ms=2.0)
+
+
+def _measure(kernel, cutoff_s):
+    return measure_kernel(kernel, DATA, TimingConfig(**{**TIMING.__dict__, "cutoff_s": cutoff_s}))
+
+
+def test_hopeless_checked_call_is_the_only_call():
+    k = FakeKernel(first=0.02, warm=0.02)
+    kind, msg, costs = _measure(k, cutoff_s=0.02 / (2 * CHECK_CUTOFF))
+    assert kind is ErrorKind.NONE and msg == ""
+    assert k.calls == 1 and len(costs) == 1 and costs[0] >= 0.02
+
+
+def test_slow_first_repeat_stops_after_it():
+    # the checked call is within CHECK_CUTOFF x cutoff_s, the warm calls over cutoff_s: one timed repeat
+    k = FakeKernel(first=0.003, warm=0.003)
+    kind, _, costs = _measure(k, cutoff_s=0.003 / 1.5)
+    assert kind is ErrorKind.NONE and len(costs) == 1 and costs[0] >= 0.003 and k.calls >= 2
+
+
+@pytest.mark.parametrize("cutoff_s", [0.0, 0.01])
+def test_candidate_near_the_best_is_timed_in_full(cutoff_s):
+    k = FakeKernel(first=0.004, warm=0.001)   # a cold first call under CHECK_CUTOFF x cutoff_s
+    kind, _, costs = _measure(k, cutoff_s)
+    assert kind is ErrorKind.NONE and len(costs) == 3 and all(c >= 0.001 for c in costs)
+
+
+def test_wrong_answer_is_caught_before_any_cutoff():
+    k = FakeKernel(first=0.02, warm=0.02)
+    bad = TaskData("t", DATA.inputs, (np.ones(4, dtype=np.float32) * 7,), ((0.0, 0.0),))
+    kind, msg, costs = measure_kernel(k, bad, TimingConfig(**{**TIMING.__dict__, "cutoff_s": 1e-6}))
+    assert kind is ErrorKind.WRONG_ANSWER and costs == () and k.calls == 1
+
+
+def test_two_slow_repeats_stop_after_the_second():
+    k = FakeKernel(first=0.003, warm=0.003)   # under cutoff_s (no one-repeat stop), over cutoff2_s
+    kind, _, costs = measure_kernel(k, DATA, TimingConfig(**{**TIMING.__dict__, "cutoff_s": 0.01, "cutoff2_s": 0.002}))
+    assert kind is ErrorKind.NONE and len(costs) == 2 and min(costs) >= 0.003
+    k = FakeKernel(first=0.003, warm=0.003)   # a possible new best: all three repeats
+    kind, _, costs = measure_kernel(k, DATA, TimingConfig(**{**TIMING.__dict__, "cutoff_s": 0.01, "cutoff2_s": 0.005}))
+    assert len(costs) == 3
