@@ -186,11 +186,13 @@ MATMUL_VARIANTS = {  # label -> ((MR, NR, TI, TJ, BK), GEMM template: True / Fal
 }
 EW_VARIANTS = {"per1/t256 (default)": {"per": 1, "threads": 256}, "per2/t256": {"per": 2, "threads": 256},
                "per4/t256": {"per": 4, "threads": 256}, "per1/t512": {"per": 1, "threads": 512},
+               "per1/t128": {"per": 1, "threads": 128}, "per2/t128": {"per": 2, "threads": 128},
                "per1/t256/grid 8/SM": {"per": 1, "threads": 256, "grid": 8},
-               "sin: double reduction only": {"flags": {"SIN_FLOAT_REDUCTION": False}},
-               "sin: double reduction, library call inline": {"flags": {"SIN_FLOAT_REDUCTION": False,
-                                                                        "SIN_HUGE_CALL": False}},
-               "sin: float reduction, library call inline": {"flags": {"SIN_HUGE_CALL": False}}}
+               # sin / cos (sin_mul_add only): session 6's default selects between both polynomials
+               "sin: quadrant branch (session 5)": {"flags": {"SIN_SELECT": False}},
+               "sin: float reduction, library call inline": {"flags": {"SIN_FLOAT_REDUCTION": True,
+                                                                       "SIN_HUGE_CALL": False}},
+               "sin: float reduction, shifter": {"flags": {"SIN_FLOAT_REDUCTION": True, "SIN_SHIFTER": True}}}
 #: GEMM-bound subgraph variants (`--variants gemm`): (model, subgraph, label, schedule options, codegen flags); the
 #: first of each subgraph is the code before the implicit-GEMM template; conv tiles (MH, MW, TH, TW, NR, TJ, BK),
 #: dot tiles (MR, NR, TI, TJ, BK)
@@ -489,16 +491,23 @@ def elementwise_variants(torch, copy_gbs: float, log) -> list[dict]:
         cd = sg.workload.compute
         x = torch.randn(*cd.inputs[0].shape, device="cuda")
         y = torch.empty_like(x)
+        ref = None
         for label, opts in EW_VARIANTS.items():
             if "flags" in opts and name != "sin_mul_add":
                 continue
             try:
                 kern = _ew_kernel(cd, sg.name, opts, build_cuda)
+                y.fill_(float("nan"))
+                kern(x, y)
+                torch.cuda.synchronize()
+                ref = y.clone() if ref is None else ref
+                agrees = bool(torch.equal(y, ref))   # the same arithmetic: bitwise the same results
                 t = float(np.median(kern.time(x, y, min_time=0.03, repeat=3)))
                 gbs = 2 * x.numel() * 4 / t / 1e9
                 out.append({"model": name, "variant": label, "us": t * 1e6, "gbs": gbs, "of_copy": gbs / copy_gbs,
-                            "resources": _resources(kern)})
-                log(f"  {name} {label}: {t * 1e6:.1f} us, {gbs:.0f} GB/s ({100 * gbs / copy_gbs:.0f}% of copy)")
+                            "agrees": agrees, "resources": _resources(kern)})
+                log(f"  {name} {label}: {t * 1e6:.1f} us, {gbs:.0f} GB/s ({100 * gbs / copy_gbs:.0f}% of copy), "
+                    f"bitwise equal to the first variant {agrees}, regs {out[-1]['resources'][0]['regs']}")
             except Exception as e:
                 out.append({"model": name, "variant": label, "error": f"{type(e).__name__}: {e}"[:400]})
                 log(f"  {name} {label}: ERROR {e}"[:300])
@@ -529,12 +538,25 @@ def _ew_kernel(cd, name: str, opts: dict, build):
         rt._KCACHE.clear()
 
 
-ROW_VARIANTS = {"default": ({}, {}), "row cache": ({"row_cache": True}, {}),
-                "exp inlined (computed twice)": ({"row_keep": False}, {}),
-                "4 rows/block": ({"rows": 4}, {}), "1 row/block": ({"rows": 1}, {}),
-                "1 row/block, exp inlined": ({"rows": 1, "row_keep": False}, {}),
-                "block barriers, shared combine": ({}, {"WARP_BARRIERS": False, "WARP_ALLREDUCE": False})}
-ROW_MODELS = ["softmax@bench.gpu.opt.hlo", "layernorm@bench.gpu.opt.hlo", "rmsnorm_swiglu"]
+_S5 = {"row_regs": False}    # the session-5 schedule: the row re-read from L1, softmax's exp in shared memory
+_REGS = {"row_regs": True}   # session 6: the row (and softmax's exp) in registers
+_RELOAD = {"ROW_PREFETCH_RELOAD": True}
+ROW_VARIANTS = {"default": ({}, {}), "session 5 (8 rows/block, row re-read, exp in shared)": (_S5, {}),
+                "session 5, row cache in shared": ({"row_cache": True, **_S5}, {}),
+                "session 5, exp inlined (computed twice)": ({"row_keep": False, **_S5}, {}),
+                "session 5, 1 row/block": ({"rows": 1, **_S5}, {}),
+                "registers, 8 rows/block": ({**_REGS, "rows": 8}, {}),
+                "registers, 4 rows/block": ({**_REGS, "rows": 4}, {}),
+                "registers, 32 rows/block": ({**_REGS, "rows": 32}, {}),
+                "registers, 16 rows/block, at most 42 regs (3 blocks/SM)": ({**_REGS, "rows": 16},
+                                                                           {"ROW_MIN_BLOCKS": 3}),
+                "registers, 8 rows/block, at most 51 regs (5 blocks/SM)": ({**_REGS, "rows": 8}, {"ROW_MIN_BLOCKS": 5}),
+                # K rows per warp, the next row's loads issued before this row's work
+                "registers, 2 rows/warp, 8 rows/block": ({**_REGS, "row_pipe": 2, "rows": 8}, {}),
+                "registers, 2 rows/warp, 16 rows/block": ({**_REGS, "row_pipe": 2, "rows": 16}, {}),
+                "registers, 2 rows/warp, 16 rows/block, reload": ({**_REGS, "row_pipe": 2, "rows": 16}, _RELOAD),
+                "registers, 4 rows/warp, 4 rows/block, reload": ({**_REGS, "row_pipe": 4, "rows": 4}, _RELOAD)}
+ROW_MODELS = ["softmax@bench.gpu.opt.hlo", "layernorm@bench.gpu.opt.hlo", "rmsnorm_swiglu", "transformer_block"]
 
 
 def _row_subgraphs():
@@ -846,6 +868,16 @@ def precompile(log) -> int:
     for _, hlo, tiles, flags in gemm_async_cases():
         (sg,) = hlotune.load_model(hlo).frontend.subgraphs
         _variant_kernel(sg.workload.compute, sg.name, {"tiles": tiles}, flags, add)
+    from tests.gpu.test_rows6 import ROW_CASES, SIN_CASES, _unary, base_flags, sin_inputs  # session 6's GPU tests
+    for name in ("softmax", "layernorm"):
+        (sg,) = hlotune.load_model(str(model_path(name, "bench.gpu.opt.hlo"))).frontend.subgraphs
+        for opts, flags in ROW_CASES:
+            _variant_kernel(sg.workload.compute, f"row_{name}", opts, flags, add)
+    for op in ("sine", "cosine"):
+        (sg,) = hlotune.load_model(_unary(op, len(sin_inputs()))).frontend.subgraphs
+        for fl in SIN_CASES:
+            for flags in (dict(zip(("SIN_FLOAT_REDUCTION", "SIN_SELECT", "SIN_SHIFTER"), fl)), base_flags(fl)):
+                _variant_kernel(sg.workload.compute, f"math_{op}", {}, flags, add)
     for name in MODEL_NAMES:
         for sg in hlotune.load_model(str(model_path(name))).frontend.subgraphs:
             choice = choose_schedule(sg.workload, None, tgt)
@@ -1066,11 +1098,21 @@ def main() -> int:
                       f"{r.get('ours_device_s', 0) * 1e6:.1f} | {r.get('jax_s', 0) * 1e6:.1f} | "
                       f"{(r.get('jax_ref_s') or 0) * 1e6:.1f} | {xr:.2f} | {r.get('rel_err_vs_jax', -1):.1e} |")
     if res.get("elementwise_variants"):
-        md += ["", "| elementwise variant | us | GB/s | % copy |", "|---|---|---|---|"]
+        md += ["", "| elementwise variant | us | GB/s | % copy | agrees | regs |", "|---|---|---|---|---|---|"]
         for r in res["elementwise_variants"]:
             if "error" not in r:
                 md.append(f"| {r['model']} {r['variant']} | {r['us']:.1f} | {r['gbs']:.0f} | "
-                          f"{100 * r['of_copy']:.0f} |")
+                          f"{100 * r['of_copy']:.0f} | {r.get('agrees')} | {r['resources'][0]['regs']} |")
+    if res.get("row_variants"):
+        md += ["", "| row-fused variant | us | GB/s | % copy | agrees | regs | block |",
+               "|---|---|---|---|---|---|---|"]
+        for r in res["row_variants"]:
+            if "error" in r:
+                md.append(f"| {r['model']} {r['variant']} | error | | | {r['error'][:80]} | | |")
+            else:
+                md.append(f"| {r['model']} {r['variant']} | {r['us']:.1f} | {r['gbs']:.0f} | "
+                          f"{100 * r['of_copy']:.0f} | {r['agrees']} | {r['resources'][0]['regs']} | "
+                          f"{r['resources'][0]['grid']} x {r['launch']} |")
     if "tests" in res:
         md += ["", f"GPU tests: {res['tests']['summary']}"]
     (out / "gpu_session.md").write_text("\n".join(md) + "\n")

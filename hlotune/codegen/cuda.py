@@ -33,7 +33,11 @@ Map:
                             a cross-thread reduction: strided per-thread partials, warp shuffles, one shared
                             slot per warp (`cross_thread_reduce`); in a block of one warp per threadIdx.y row, warp
                             shuffles only (a thread-local B: a butterfly all-reduce, every lane gets the total)
-  _float_math               float32 exp / sin / cos of the prelude (bounds `FLOAT_MATH_ULP`)
+  _lane_private             a row buffer that each lane of a one-warp-per-row block only touches at its own elements
+                            stays in registers (`LANE_REGISTERS`) instead of shared memory; `_Emitter.row_prefetch`:
+                            K rows per warp with the next row's register fill issued first (`ROW_PREFETCH`)
+  _float_math               float32 exp / sin / cos of the prelude (bounds `FLOAT_MATH_ULP`; sin / cos select
+                            between both polynomials, `SIN_SELECT`)
   _grid_stride              optional grid-stride block loop (`GRID_STRIDE_BLOCKS`)
 
 Semantics (the same as the CPU backend, `llvm_emit`):
@@ -47,7 +51,8 @@ Semantics (the same as the CPU backend, `llvm_emit`):
   thread (block) 0 of that axis only, so the sequential meaning is kept (e.g. the final combine of
   rfactor partials).  Local buffers are per thread; a local buffer allocated outside a thread loop and
   written inside one is promoted to shared memory (its elements are written by different threads), one copy
-  per thread of the thread axes already bound where it is allocated.
+  per thread of the thread axes already bound where it is allocated; unless every lane of a one-warp-per-row
+  block only touches its own elements of it (`_lane_private`): then each lane keeps them in registers.
 - VTHREAD loops are unrolled serial loops (no interleaving yet); PARALLEL loops are serial inside a kernel;
   a VECTORIZED loop of 2 or 4 float32 stores at consecutive aligned elements is one float2/float4 store (with
   vector loads of the inputs read alike); other VECTORIZED and UNROLLED loops get `#pragma unroll`, and a
@@ -202,7 +207,8 @@ def _f32(v) -> float:
     return min((x for x in cands if math.isfinite(x)), key=lambda x: abs(Fraction(x) - v))
 
 
-def _float_math(float_reduction: bool = False, huge_call: bool = False) -> str:
+def _float_math(float_reduction: bool = False, huge_call: bool = False, select: bool | None = None,
+                shifter: bool = False) -> str:
     """float32 exp, sin and cos without the FP64 library's slow paths (bounds: `FLOAT_MATH_ULP`).
 
     exp: clamp to [-104, 89], n = rint(x log2 e), r = x - n ln2 (two-part Cody-Waite, the first part 16 bits so
@@ -216,7 +222,12 @@ def _float_math(float_reduction: bool = False, huge_call: bool = False) -> str:
     double sin / cos (`huge_call`: through a non-inlined function).  `float_reduction`: |x| < 2^17 reduce in
     float alone: pi/2 = p1 + p2 + p3 (float32 parts), x - k p1 exact (fma), k p2 as an exact pair (fma; the
     product through __fmul_rn so that nvcc does not contract it into the TwoSum), a TwoSum, k p3 into the tail.
+    `shifter` (with `float_reduction`): k = fmaf(x, 2/pi, 1.5 * 2^23) - 1.5 * 2^23 and the quadrant from the low
+    bits of that sum (no float -> int conversion, no rintf; k is the nearest integer of the exact x (2/pi)_f).
+    `select`: both polynomials evaluated and the quadrant's one selected (no branch; the same values); None: the
+    module's SIN_SELECT.
     """
+    select = SIN_SELECT if select is None else select
     pi, ln2 = _PI_EXACT, _LN2_EXACT
     l_hi = _hi_bits(ln2, 16)
     pio2_hi = float(pi / 2)
@@ -234,6 +245,12 @@ def _float_math(float_reduction: bool = False, huge_call: bool = False) -> str:
             acc = f"fmaf({acc}, {var}, {_hex(c)})"
         return acc
 
+    k_text = (f"const float kt = fmaf(x, {_hex(2 / pi)}, 12582912.0f);\n    const float k = kt - 12582912.0f"
+              if shifter else f"const float k = rintf(x * {_hex(2 / pi)})")
+    vc = f"1.0f + fmaf(z, {horner(cos_c, 'z')}, -r * rl)"
+    vs = f"r + fmaf(r * z, {horner(sin_c, 'z')}, rl)"
+    quadrant = (f"  const float vc = {vc};\n  const float vs = {vs};\n  float v = (q & 1) ? vc : vs;" if select else
+                f"  float v;\n  if (q & 1) v = {vc};\n  else v = {vs};")
     huge_fn = ("__device__ __noinline__ float hl_sincos_huge(float x, int cosine) {\n"
                "  return cosine ? (float)cos((double)x) : (float)sin((double)x);\n}\n") if huge_call else ""
     return f"""
@@ -251,7 +268,7 @@ HL_INL float hl_exp(float x) {{
   float r, rl;
   int q;
   if ({"fabsf(x) < 131072.0f" if float_reduction else "false"}) {{   // float: x - k (p1 + p2 + p3) as the pair r + rl
-    const float k = rintf(x * {_hex(2 / pi)});
+    {k_text};
     const float r1 = fmaf(-k, {_hex(p1)}, x);
     const float th = __fmul_rn(k, {_hex(p2)});   // never contracted into the subtractions below
     const float tl = fmaf(k, {_hex(p2)}, -th);
@@ -261,7 +278,7 @@ HL_INL float hl_exp(float x) {{
     const float lo = fmaf(-k, {_hex(p3)}, e - tl);
     r = s + lo;
     rl = lo - (r - s);
-    q = ((int)k + cosine) & 3;
+    q = ({"__float_as_int(kt)" if shifter else "(int)k"} + cosine) & 3;
   }} else if (fabsf(x) < 1073741824.0f) {{   // double: exact first step up to 2^30
     const double xd = (double)x;
     const double t = fma(xd, {_hex(float(2 / pi), False)}, 6755399441055744.0);
@@ -275,9 +292,7 @@ HL_INL float hl_exp(float x) {{
     return {"hl_sincos_huge(x, cosine)" if huge_call else "cosine ? (float)cos((double)x) : (float)sin((double)x)"};
   }}
   const float z = r * r;
-  float v;
-  if (q & 1) v = 1.0f + fmaf(z, {horner(cos_c, "z")}, -r * rl);
-  else v = r + fmaf(r * z, {horner(sin_c, "z")}, rl);
+{quadrant}
   v = (q & 2) ? -v : v;
   return (x == 0.0f && !cosine) ? x : v;
 }}
@@ -306,15 +321,23 @@ def _hi_bits(v: Fraction, bits: int) -> float:
 #: with a slow FP64 pipe.
 SIN_FLOAT_REDUCTION = False
 SIN_HUGE_CALL = False
+#: session 6 (`_float_math`): both polynomials and a select instead of the quadrant branch (on by default: the same
+#: values bit for bit, sin_mul_add 38.3 -> 37.6 us on the H200); the float reduction's k through the 1.5 * 2^23
+#: shifter (with SIN_FLOAT_REDUCTION; off: 41-47 us, the float reduction's FP32 instructions cost more than the
+#: double reduction's conversions)
+SIN_SELECT = True
+SIN_SHIFTER = False
+_SIN_DEFAULTS = (SIN_FLOAT_REDUCTION, SIN_HUGE_CALL, SIN_SELECT, SIN_SHIFTER)
 _PRELUDE_BASE = PRELUDE
-PRELUDE += _float_math(SIN_FLOAT_REDUCTION, SIN_HUGE_CALL)
+PRELUDE += _float_math(*_SIN_DEFAULTS)
 
 
 def _prelude() -> str:
     """PRELUDE, or its variant for the current SIN_* settings."""
-    if (SIN_FLOAT_REDUCTION, SIN_HUGE_CALL) == (False, False):
+    flags = (SIN_FLOAT_REDUCTION, SIN_HUGE_CALL, SIN_SELECT, SIN_SHIFTER)
+    if flags == _SIN_DEFAULTS:
         return PRELUDE
-    return _PRELUDE_BASE + _float_math(SIN_FLOAT_REDUCTION, SIN_HUGE_CALL)
+    return _PRELUDE_BASE + _float_math(*flags)
 
 _MATH = {Op.EXP: "hl_exp", Op.EXPM1: "hl_expm1", Op.LOG: "hl_log", Op.LOG1P: "hl_log1p", Op.SQRT: "hl_sqrt",
          Op.RSQRT: "hl_rsqrt", Op.TANH: "hl_tanh", Op.LOGISTIC: "hl_logistic", Op.SINE: "hl_sin",
@@ -436,6 +459,8 @@ class _KernelPlan:
     replicas: dict[str, tuple[int, ...]] = field(default_factory=dict)
     #: blockIdx.x extent of the loop nest when the kernel runs a grid-stride loop over it on `grid[0]` blocks
     stride_x: int = 0
+    #: lane-private buffers kept in registers (`_lane_private`): buffer -> (lane stride s, threadIdx.x loop vars)
+    lane_regs: dict[str, tuple[int, frozenset[str]]] = field(default_factory=dict)
 
     @property
     def warp_private(self) -> bool:
@@ -514,6 +539,12 @@ def _promote_locals(kernel: Stmt, p: _KernelPlan) -> None:
     def visit(s: Stmt, bound_t: frozenset[int]) -> None:
         if isinstance(s, Allocate) and s.scope != "shared" and s.buffer not in p.shared:
             if _written_under_new_thread_axis(s.body, s.buffer, bound_t, p):
+                lane = _lane_private(s, p)
+                if lane is not None:
+                    p.lane_regs[s.buffer] = lane
+                    for c in _children(s):
+                        visit(c, bound_t)
+                    return
                 p.shared[s.buffer] = s
                 rep = tuple(sorted(a for a in bound_t if p.block[a] > 1))
                 if rep:
@@ -523,6 +554,105 @@ def _promote_locals(kernel: Stmt, p: _KernelPlan) -> None:
         for c in _children(s):
             visit(c, bound_t)
     visit(kernel, frozenset())
+
+
+#: a row buffer that every lane of a one-warp-per-row block only touches at its own elements (each access inside a
+#: threadIdx.x loop at flat index s * lane + f, f % (32 s) < s, the same s everywhere: softmax's row and its exp
+#: under the row-register schedule) stays in registers, N / 32 per lane, instead of going to shared memory
+LANE_REGISTERS = True
+LANE_REGISTERS_MAX = 64     # most registers per lane such a buffer may take (else it goes to shared memory)
+
+
+#: the row-register schedule's unrolled loop over a warp's rows: the next row's lane-register fill issued before
+#: the current row's work (`_Emitter.row_prefetch`)
+ROW_PREFETCH = True
+ROW_PREFETCH_UNROLL = True    # the row loop unrolled (False: a rolled loop, nothing hoisted across rows)
+#: float4 loads of row-invariant inputs in that loop (layernorm's scale and bias) through `hl_ld4_keep` (volatile
+#: ld.global.nc: loaded again for every row from L1 instead of hoisted and kept live across the rows)
+ROW_PREFETCH_RELOAD = False
+#: kernels with lane-register rows: __launch_bounds__(threads, ROW_MIN_BLOCKS) (0: no minimum; a variant)
+ROW_MIN_BLOCKS = 0
+LD4_KEEP_PRELUDE = r"""
+HL_INL float4 hl_ld4_keep(const float* p) {
+  float4 v;
+  asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+}
+"""
+
+
+def _stmt_map(s: Stmt, old: str, new: str, sub: dict[str, Expr]) -> Stmt:
+    """`s` with stores to `old` going to `new` and the variables of `sub` replaced in every expression."""
+    if isinstance(s, Store):
+        return Store(new if s.buffer == old else s.buffer, tuple(substitute(i, sub) for i in s.indices),
+                     substitute(s.value, sub))
+    if isinstance(s, For):
+        return dataclasses.replace(s, min=substitute(s.min, sub), extent=substitute(s.extent, sub),
+                                   body=_stmt_map(s.body, old, new, sub))
+    if isinstance(s, Seq):
+        return Seq(tuple(_stmt_map(x, old, new, sub) for x in s.body))
+    if isinstance(s, If):
+        return If(substitute(s.cond, sub), _stmt_map(s.then, old, new, sub),
+                  None if s.otherwise is None else _stmt_map(s.otherwise, old, new, sub))
+    if isinstance(s, Allocate):
+        return dataclasses.replace(s, body=_stmt_map(s.body, old, new, sub))
+    return s
+
+
+def _accesses_of(s: Stmt, buf: str, loops: tuple[For, ...] = ()):
+    """(indices, loops around the access inside `s`) for every load and store of `buf` in `s`."""
+    if isinstance(s, Store):
+        if s.buffer == buf:
+            yield s.indices, loops
+        for e in (*s.indices, s.value):
+            for x in walk(e):
+                if isinstance(x, Load) and x.buffer == buf:
+                    yield x.indices, loops
+        return
+    if isinstance(s, If):
+        for x in walk(s.cond):
+            if isinstance(x, Load) and x.buffer == buf:
+                yield x.indices, loops
+    for c in _children(s):
+        yield from _accesses_of(c, buf, (*loops, s) if isinstance(s, For) else loops)
+
+
+def _lane_private(a: Allocate, p: _KernelPlan) -> tuple[int, frozenset[str]] | None:
+    """(s, threadIdx.x loop vars) when local buffer `a` (allocated outside a threadIdx.x loop of a block of one
+    warp per row) is lane-private: every access is inside exactly one threadIdx.x loop (32 lanes) of constant
+    loops, at flat index s * lane + f with f % (32 s) < s (evaluated at every point), one s for all accesses;
+    None otherwise (the buffer goes to shared memory)."""
+    n = max(1, math.prod(a.shape))
+    if not LANE_REGISTERS or p.block[0] != 32 or p.block[2] != 1 or a.dtype not in (DType.F32, DType.S32):
+        return None
+    strides, tvars = set(), set()
+    try:
+        for idx, loops in _accesses_of(a.body, a.buffer):
+            tx = [f for f in loops if f.kind is ForKind.THREAD_X]
+            if len(tx) != 1 or _const_extent(tx[0]) != 32 or any(
+                    f.kind in _BLOCK or (f.kind in _THREAD and f.kind is not ForKind.THREAD_X) for f in loops):
+                return None
+            ext = [_const_extent(f) for f in loops]
+            if math.prod(ext) > 1 << 16:
+                return None
+            grids = np.meshgrid(*[np.arange(e, dtype=np.int64) for e in ext], indexing="ij")
+            env = {f.var.name: g for f, g in zip(loops, grids)}
+            ti = loops.index(tx[0])
+            t = env[tx[0].var.name]
+            flat = np.zeros(tuple(ext), dtype=np.int64)
+            for i, m in zip(idx, a.shape):
+                flat = flat * int(m) + _np_ival(i, env)
+            f0 = np.take(flat, [0], axis=ti)
+            st = int(np.take(flat, [1], axis=ti).ravel()[0] - f0.ravel()[0])
+            if st < 1 or not np.array_equal(flat, f0 + st * t) or np.any(f0 % (32 * st) >= st) or np.any(f0 < 0):
+                return None
+            strides.add(st)
+            tvars.add(tx[0].var.name)
+    except (_NoMatch, KeyError, CompileError):
+        return None
+    if len(strides) != 1 or n % (32 * min(strides)) or n // 32 > LANE_REGISTERS_MAX:
+        return None
+    return strides.pop(), frozenset(tvars)
 
 
 def _written_under_new_thread_axis(s: Stmt, buf: str, bound: frozenset[int], p: _KernelPlan) -> bool:
@@ -626,6 +756,7 @@ class _Emitter:
         self.n_xred = 0           # cross-thread reductions emitted (unique names)
         self.gemms: dict[str, _Gemm | _IGemm] = {}   # loop var -> GEMM template (`_gemm_loops`)
         self.n_vec = 0            # vectorized stores emitted (unique names)
+        self.row_var = ""         # the prefetched row loop's variable, with ROW_PREFETCH_RELOAD
 
     def line(self, depth: int, text: str) -> None:
         self.lines.append("  " * depth + text)
@@ -695,6 +826,9 @@ class _Emitter:
         red = self._cross_thread_pattern(s, bt)
         if red is not None:
             return self.cross_thread_reduce(s, red, d, bb, bt)
+        pf = self._row_prefetch(s)
+        if pf is not None:
+            return self.row_prefetch(s, *pf, d, bb, bt)
         ann = dict(s.annotations)
         saved = self.unroll_max
         if "auto_unroll_max_step" in ann:
@@ -710,6 +844,73 @@ class _Emitter:
         self.stmt(s.body, d + 1, bb, bt)
         self.line(d, "}")
         self.unroll_max = saved
+
+    # ---- rows in sequence with the next row's loads in flight (the row-register schedule's K rows per warp)
+    def _row_prefetch(self, s: For) -> tuple[list[tuple[Allocate, Stmt]], Stmt] | None:
+        """([(allocation, fill)...], rest) when `s` is an unrolled loop of constant extent >= 2 whose body starts
+        with lane-register buffers (`_lane_private`), each allocated and filled from kernel inputs alone (the
+        fill writes nothing else, reads nothing allocated in the kernel) before any other statement."""
+        if not ROW_PREFETCH or s.kind is not ForKind.UNROLLED or (s.const_extent or 0) < 2 or not (
+                isinstance(s.min, Const) and s.min.value == 0):
+            return None
+        chain, body = [], s.body
+        while isinstance(body, Allocate) and body.buffer in self.plan.lane_regs:
+            inner = body.body.body if isinstance(body.body, Seq) else (body.body,)
+            fill = inner[0]
+            if len(inner) < 2 or not self._is_fill(fill, body.buffer):
+                break
+            chain.append((body, fill))
+            body = inner[1] if len(inner) == 2 else Seq(inner[1:])
+        return (chain, body) if chain else None
+
+    def _is_fill(self, fill: Stmt, buf: str) -> bool:
+        stmts = list(walk_stmts(fill))
+        if any(isinstance(x, Barrier | Allocate) for x in stmts):
+            return False
+        stores = [x for x in stmts if isinstance(x, Store)]
+        if not stores or any(x.buffer != buf for x in stores):
+            return False
+        for x in stores:
+            for e in (*x.indices, x.value):
+                for ld in walk(e):
+                    if isinstance(ld, Load) and (ld.buffer not in self.bufs or self.bufs[ld.buffer].scope != "global"):
+                        return False
+        return True
+
+    def row_prefetch(self, s: For, chain: list[tuple[Allocate, Stmt]], rest: Stmt, d: int, bb: frozenset[int],
+                     bt: frozenset[int]) -> None:
+        """Row 0's fill into the prefetch registers, then per row: the row's registers taken from them, the next
+        row's fill issued (its loads in flight during this row's reductions and stores), this row's work."""
+        v, k = sanitize(s.var.name), s.const_extent
+        nxt = Binary(Op.ADD, s.var, Const(1, INDEX), INDEX)
+        saved = dict(self.bufs)
+        self.line(d, "{  // rows in sequence: the next row's loads before this row's work")
+        for a, _ in chain:
+            pf = a.buffer + ".pf"
+            self.plan.lane_regs[pf] = self.plan.lane_regs[a.buffer]
+            self.bufs[pf] = BufferDecl(pf, a.shape, a.dtype, "local")
+            self.line(d + 1, f"{ctype(a.dtype)} {sanitize(pf)}[{max(1, math.prod(a.shape)) // 32}];")
+        for a, fill in chain:
+            self.stmt(_stmt_map(fill, a.buffer, a.buffer + ".pf", {s.var.name: Const(0, INDEX)}), d + 1, bb, bt)
+        self.line(d + 1, "#pragma unroll" if ROW_PREFETCH_UNROLL else "#pragma unroll 1")
+        self.line(d + 1, f"for ({self.idx} {v} = 0; {v} < {k}; ++{v}) {{")
+        for a, _ in chain:
+            n = max(1, math.prod(a.shape)) // 32
+            self.bufs[a.buffer] = BufferDecl(a.buffer, a.shape, a.dtype, "local")
+            self.line(d + 2, f"{ctype(a.dtype)} {sanitize(a.buffer)}[{n}];")
+            self.line(d + 2, "#pragma unroll")
+            self.line(d + 2, f"for (int hl_i = 0; hl_i < {n}; ++hl_i) {sanitize(a.buffer)}[hl_i] = "
+                             f"{sanitize(a.buffer + '.pf')}[hl_i];")
+        self.line(d + 2, f"if ({v} + 1 < {k}) {{")
+        for a, fill in chain:
+            self.stmt(_stmt_map(fill, a.buffer, a.buffer + ".pf", {s.var.name: nxt}), d + 3, bb, bt)
+        self.line(d + 2, "}")
+        self.row_var = s.var.name if ROW_PREFETCH_RELOAD else ""
+        self.stmt(rest, d + 2, bb, bt)
+        self.row_var = ""
+        self.line(d + 1, "}")
+        self.line(d, "}")
+        self.bufs = saved
 
     # ---- cross-thread reduction: a serial combine loop that thread 0 alone would run
     def _cross_thread_pattern(self, s: For, bt: frozenset[int]) -> tuple[Op, Expr, Store] | None:
@@ -818,7 +1019,7 @@ class _Emitter:
         old = self.bufs.get(s.buffer)
         self.bufs[s.buffer] = decl
         if decl.scope == "local":
-            n = max(1, math.prod(s.shape))
+            n = max(1, math.prod(s.shape)) // (32 if s.buffer in self.plan.lane_regs else 1)
             self.line(d, "{")
             self.line(d + 1, f"{ctype(s.dtype)} {sanitize(s.buffer)}[{n}];")
             self.stmt(s.body, d + 1, bb, bt)
@@ -861,11 +1062,12 @@ class _Emitter:
         if not isinstance(body, Store):
             return False
         decl = self.bufs.get(body.buffer)
-        if decl is None or decl.scope == "local" or decl.dtype is not DType.F32:
+        regs = decl is not None and decl.scope == "local" and body.buffer in self.plan.lane_regs
+        if decl is None or (decl.scope == "local" and not regs) or decl.dtype is not DType.F32:
             return False
         v = s.var.name
         base = _vector_access(body.indices, decl.shape, v, nv)
-        if base is None or base[1] != 1:
+        if not regs and (base is None or base[1] != 1):
             return False
         loads: dict[tuple, tuple[str, tuple[Expr, ...]]] = {}
 
@@ -895,15 +1097,25 @@ class _Emitter:
             dd += 1
         for (buf, _), (name, idx) in loads.items():
             off = self.offset(self._decl(buf), idx)
-            self.line(dd, f"const {vt} {name} = *(const {vt}*)&{sanitize(buf)}[{off}];")
+            if nv == 4 and self.row_var and not any(self.row_var in _vars(i) for i in idx):
+                # a row-invariant input in the prefetched row loop: loaded again per row (L1), not kept live
+                self.line(dd, f"const {vt} {name} = hl_ld4_keep(&{sanitize(buf)}[{off}]);")
+            else:
+                self.line(dd, f"const {vt} {name} = *(const {vt}*)&{sanitize(buf)}[{off}];")
             self.line(dd, "const float " + ", ".join(f"{name}_{j} = {name}.{comps[j]}" for j in range(nv)) + ";")
-        self.line(dd, f"{vt} hl_vs{k};")
+        if not regs:
+            self.line(dd, f"{vt} hl_vs{k};")
         for j in range(nv):
             lane = substitute(rebuild(val, lambda n, j=j: Var(n.name.replace("{lane}", str(j)), n.dtype)
                                       if isinstance(n, Var) and n.name.endswith("_{lane}") else n),
                               {v: Const(j, INDEX)})
-            self.line(dd, f"hl_vs{k}.{comps[j]} = {self.expr(lane)};")
-        self.line(dd, f"*({vt}*)&{sanitize(body.buffer)}[{self.offset(decl, base[0])}] = hl_vs{k};")
+            if regs:   # a lane-private register row: the vector loads, then one register per lane
+                at = tuple(substitute(i, {v: Const(j, INDEX)}) for i in body.indices)
+                self.line(dd, f"{sanitize(body.buffer)}[{self.offset(decl, at)}] = {self.expr(lane)};")
+            else:
+                self.line(dd, f"hl_vs{k}.{comps[j]} = {self.expr(lane)};")
+        if not regs:
+            self.line(dd, f"*({vt}*)&{sanitize(body.buffer)}[{self.offset(decl, base[0])}] = hl_vs{k};")
         if conds:
             self.line(dd - 1, "}")
         self.line(d, "}")
@@ -927,6 +1139,12 @@ class _Emitter:
         if len(indices) != len(decl.shape):
             raise CompileError(f"buffer {decl.name!r} has rank {len(decl.shape)} but is indexed with "
                                f"{len(indices)} indices")
+        lane = self.plan.lane_regs.get(decl.name) if decl.scope == "local" else None
+        if lane is not None:   # the lane's own elements s * lane + f: register (f / (32 s)) * s + f % s
+            st, tvars = lane
+            f = self.offset(dataclasses.replace(decl, name=""),
+                            tuple(substitute(i, {v: Const(0, INDEX) for v in tvars}) for i in indices))
+            return f"({f}) / 32" if st == 1 else f"(({f}) / {32 * st}) * {st} + ({f}) % {st}"
         terms = []
         stride = 1
         for idx, n in zip(reversed(indices), reversed(decl.shape)):
@@ -2541,6 +2759,8 @@ def generate_cuda(func: LoopFunc) -> CudaSource:
         head.append(CP_ASYNC_PRELUDE)
     if any("hl_mma_tf32(" in t for t in body_text):
         head.append(MMA_PRELUDE)
+    if any("hl_ld4_keep(" in t for t in body_text):
+        head.append(LD4_KEEP_PRELUDE)
     temp_decls = tuple(BufferDecl(a.buffer, a.shape, a.dtype, "global") for a in temps)
     return CudaSource(func, "\n".join(head + body_text) + "\n", tuple(launches), temp_decls, 32 if idx == "int" else 64)
 
@@ -2602,6 +2822,8 @@ def _kernel(name: str, kern: Stmt, params: dict[str, BufferDecl], inputs: set[st
         else:
             decls.append(f"__shared__ __align__(16) {ctype(a.dtype)} {sanitize(a.buffer)}[{n}];")
     bounds = f"{threads}, 2" if gemms and threads <= 256 else f"{threads}"   # GEMM: at most 128 registers
+    if ROW_MIN_BLOCKS and plan.lane_regs and not gemms:   # a register cap for kernels with lane-register rows
+        bounds = f"{threads}, {ROW_MIN_BLOCKS}"
     lines = [f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({", ".join(sig)}) {{']
     lines += ["  " + x for x in decls]
     em.stmt(kern, 1, frozenset(), frozenset())

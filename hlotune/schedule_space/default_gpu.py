@@ -14,7 +14,8 @@ Map:
                           thread loop, no cache_read (the implicit-GEMM template fetches through the inlined pad)
   _row_fused(cd)          a row-fused subgraph (reductions over rows, then an elementwise output reading them
                           through broadcasts: softmax, layernorm): one kernel, a warp per row, reductions
-                          computed in the output's row loop
+                          computed in the output's row loop; from 1024 rows the row and softmax's exp in
+                          registers (each lane its float4 columns; `ROW_REGISTERS`)
   _row_reduction(R)       rows up to 2048 long (>= 1024 rows): one warp per row, 8 rows per block
                           (threadIdx.x lanes, threadIdx.y rows, warp shuffles); longer rows: one block per row,
                           rfactor over threadIdx.x (cross-thread reduction of the partials)
@@ -61,9 +62,11 @@ def default_gpu_schedule(cd: ComputeDef, target: Target | None = None, rng=None,
     = (MR, NR, TI, TJ, BK) for dot/conv stages, "per" = elements per thread and "threads" = threads per
     block of elementwise stages; row-fused subgraphs: "row_fused" (False: one kernel per stage), "rows" per
     block, "row_cache" (the row's inputs copied to shared memory first), "row_keep" (False: inline softmax's exp
-    twice); convs: "conv_tiles" = (MH, MW, TH, TW, NR, TJ[, BK]), "implicit_gemm" (False: the tiling before the
-    implicit-GEMM template, also for dots outside the GEMM template's layout); dots: "tensor_core" = TF32 passes
-    (0: FFMA, 1, 3: 3xTF32) instead of the TENSOR_CORE rule (with "tiles": on those tiles)."""
+    twice), "row_regs" (the row-register schedule on / off, default ROW_REGISTERS from ROW_REGISTERS_MIN_ROWS rows),
+    "row_pipe" (rows per warp under it, the next row prefetched); convs: "conv_tiles" = (MH, MW, TH, TW, NR,
+    TJ[, BK]), "implicit_gemm" (False: the tiling before the implicit-GEMM template, also for dots outside the
+    GEMM template's layout); dots: "tensor_core" = TF32 passes (0: FFMA, 1, 3: 3xTF32) instead of the
+    TENSOR_CORE rule (with "tiles": on those tiles)."""
     global _RNG, _OPTS
     max_threads = (target.max_threads_per_block if target is not None and target.max_threads_per_block
                    else MAX_THREADS)
@@ -121,11 +124,29 @@ def _schedule(cd: ComputeDef, max_threads: int, threads: int) -> list[Step]:
         elif stage.is_reduction:
             steps += _reduction(stage, threads)
         else:
-            steps += _elementwise(stage.name, stage.axes, threads, vector=True)
+            t = threads
+            if _RNG is None and "threads" not in _OPTS and any(
+                    isinstance(e, Unary) and e.op in _SINCOS for x in cd.stages for e in walk(x.body)):
+                t = min(threads, SINCOS_THREADS)
+            steps += _elementwise(stage.name, stage.axes, t, vector=True)
     return [ComputeInline(n) for n in sorted(inlined, key=lambda n: -_pos(cd, n))] + steps
 
 
+#: threads per block of elementwise kernels that evaluate sin / cos: on the H200 sin_mul_add ran at 36.0 us with 128
+#: against 36.9 us with 256 (37.6 / 38.3 with the quadrant branch); gelu_tanh and relu_chain are the same either way
+SINCOS_THREADS = 128
+_SINCOS = frozenset({Op.SINE, Op.COSINE})
+
+
 ROW_FUSED_MAX = 8192    # longest row of the one-kernel row schedule (a warp per row, N / 32 elements per lane)
+#: the row-register schedule: the row's full-size inputs and kept stages in registers (each lane its own float4
+#: columns, read once with float4 loads; the reductions over the same columns), where they take at most
+#: ROW_REGISTERS_MAX registers per lane; else the row is re-read from L1 and the kept stages go to shared memory
+ROW_REGISTERS = True
+ROW_REGISTERS_MAX = 64
+ROW_REGISTERS_ROWS = 16   # rows (warps) per block under the row-register schedule
+ROW_REGISTERS_MIN_ROWS = 1024   # the default takes it from this many rows on (measured at 2048-8192 rows)
+ROW_PIPE = 1     # rows per warp under the row-register schedule (> 1: the next row prefetched)
 ROW_CACHE_BYTES = 48 * 1024   # shared memory for the rows of a block kept by the row-fused schedule
 
 
@@ -166,16 +187,18 @@ def _row_fused(cd: ComputeDef) -> list[Step] | None:
     rows = _work(o) // n
     inlined = [s.name for s in cd.stages if not s.is_reduction and s.name not in cd.outputs]
     red_reads = {e.buffer for r in reds for e in walk(r.body) if isinstance(e, Load)}
-    cached = [b.name for b in cd.inputs if b.shape == o.shape and b.name in red_reads] \
-        if _OPTS.get("row_cache", False) else []
     cons = _consumers(cd)
     kept = [x for x in cd.stages if x.name in inlined and x.shape == o.shape and len(cons[x.name]) > 1
             and _OPTS.get("row_keep", True) and any(isinstance(e, Unary) and e.op in _COSTLY for e in walk(x.body))]
+    row_in = [b.name for b in cd.inputs if b.shape == o.shape and b.name in red_reads]
+    regs = (bool(_OPTS.get("row_regs", ROW_REGISTERS and rows >= ROW_REGISTERS_MIN_ROWS)) and n % (32 * VEC) == 0
+            and n // 32 * len(row_in + kept) <= ROW_REGISTERS_MAX)
+    cached = row_in if regs or _OPTS.get("row_cache", False) else []
     inlined = [x for x in inlined if x not in {k.name for k in kept}]
-    ry = _divisor_at_most(rows, int(_OPTS.get("rows", ROWS_PER_BLOCK)))
-    if (cached or kept) and n * 4 * len(cached + kept) > ROW_CACHE_BYTES:
+    ry = _divisor_at_most(rows, int(_OPTS.get("rows", ROW_REGISTERS_ROWS if regs else ROWS_PER_BLOCK)))
+    if not regs and (cached or kept) and n * 4 * len(cached + kept) > ROW_CACHE_BYTES:
         cached, kept, inlined = [], [], inlined + [k.name for k in kept]
-    while (cached or kept) and ry * n * 4 * len(cached + kept) > ROW_CACHE_BYTES:
+    while not regs and (cached or kept) and ry * n * 4 * len(cached + kept) > ROW_CACHE_BYTES:
         ry = _divisor_at_most(rows, ry - 1)
     steps: list[Step] = []
     for b in cached:   # the row in shared memory (one copy per warp), fetched once with float4 loads
@@ -184,8 +207,15 @@ def _row_fused(cd: ComputeDef) -> list[Step] | None:
     steps += [ComputeInline(x) for x in sorted(inlined, key=lambda x: -_pos(cd, x))]
     fs, s = _fuse_all(name, [a.name for a in o.axes[:-1]])
     last = o.axes[-1].name
-    steps += fs + [Split(name, s, (ry,)), Annotate(name, f"{s}.0", ForKind.BLOCK_X),
+    # rows per warp (the row-register schedule): a serial loop over K rows inside the warp, the next row's float4
+    # loads issued before the current row's reductions and stores (`codegen.cuda.ROW_PREFETCH`)
+    k = int(_OPTS.get("row_pipe", ROW_PIPE)) if regs and cached else 1
+    k = _divisor_at_most(rows // ry, k) if k > 1 else 1
+    steps += fs + [Split(name, s, (ry, k) if k > 1 else (ry,)), Annotate(name, f"{s}.0", ForKind.BLOCK_X),
                    Annotate(name, f"{s}.1", ForKind.THREAD_Y)]
+    at = f"{s}.2" if k > 1 else f"{s}.1"
+    if k > 1:   # an unrolled row loop whose body starts with the lane-register fill: codegen.cuda prefetches
+        steps.append(Annotate(name, at, ForKind.UNROLLED))
     if n % (32 * VEC) == 0:
         steps += [Split(name, last, (32, VEC)), Annotate(name, f"{last}.1", ForKind.THREAD_X),
                   Annotate(name, f"{last}.2", ForKind.VECTORIZED)]
@@ -201,16 +231,19 @@ def _row_fused(cd: ComputeDef) -> list[Step] | None:
     keep_names = {k.name for k in kept}
     for r in reversed([x for x in cd.stages if x.is_reduction or x.name in keep_names]):
         if r.name in keep_names:
-            steps += _row_copy(r.name, r.axes[-1].name, name, f"{s}.1", n)
+            steps += _row_copy(r.name, r.axes[-1].name, name, at, n)
             continue
         red = r.reduce_axes[0].name
-        steps += [Split(r.name, red, (32,)), RFactor(r.name, f"{red}.1"), ComputeAt(r.name, name, f"{s}.1"),
-                  ComputeAt(r.name + ".rf", r.name, r.axes[-1].name),
+        steps += [Split(r.name, red, (32, VEC) if regs else (32,)), RFactor(r.name, f"{red}.1"),
+                  ComputeAt(r.name, name, at), ComputeAt(r.name + ".rf", r.name, r.axes[-1].name),
                   Annotate(r.name + ".rf", f"{red}.1", ForKind.THREAD_X)]
-        if n // 32 <= 64:
+        if regs:   # each lane reduces its own float4 columns (the elements the output loop gives it)
+            steps += [Annotate(r.name + ".rf", f"{red}.0", ForKind.UNROLLED),
+                      Annotate(r.name + ".rf", f"{red}.2", ForKind.UNROLLED)]
+        elif n // 32 <= 64:
             steps.append(Annotate(r.name + ".rf", f"{red}.0", ForKind.UNROLLED))
     for b in cached:
-        steps += _row_copy(f"{b}.local", f"ax{len(o.axes) - 1}", name, f"{s}.1", n)
+        steps += _row_copy(f"{b}.local", f"ax{len(o.axes) - 1}", name, at, n)
     return steps
 
 
