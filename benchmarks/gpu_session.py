@@ -169,12 +169,16 @@ def memory_bound(name: str, torch, copy_gbs: float, log) -> list[dict]:
 
 
 #: codegen.cuda flags that take the cp.async ring wherever GEMM_STAGES >= 2 (whatever the register tile and grid)
-ASYNC_ALWAYS = {"GEMM_ASYNC_MAX_MR": 1 << 30, "GEMM_ASYNC_MR8_BLOCKS": 0}
+ASYNC_ALWAYS = {"GEMM_ASYNC_MAX_MR": 1 << 30, "GEMM_ASYNC_MR8_BLOCKS": 0, "GEMM_QUADS": False}
 MATMUL_VARIANTS = {  # label -> ((MR, NR, TI, TJ, BK), GEMM template: True / False / "nosplit" (8 columns per
     # thread with B's shared rows not split in halves) / a dict of codegen.cuda flags); the template needs BK % 4 == 0;
     # "cp.async S A^T / A row": GEMM_STAGES = S with A transposed by 4-byte copies / kept row-major (GEMM_A_ROW)
-    "16x4/8x32/bk8": ((16, 4, 8, 32, 8), {"GEMM_STAGES": 0}), "8x8/16x16/bk8": ((8, 8, 16, 16, 8), {"GEMM_STAGES": 0}),
+    "16x4/8x32/bk8": ((16, 4, 8, 32, 8), {"GEMM_STAGES": 0}),
+    "8x8/16x16/bk8": ((8, 8, 16, 16, 8), {"GEMM_STAGES": 0, "GEMM_QUADS": False}),
     "8x4/8x32/bk16": ((8, 4, 8, 32, 16), {"GEMM_STAGES": 0}),
+    # session 6: 8x8 as 2 x 2 quads of 4x4, fragments double-buffered in registers (codegen.cuda.GEMM_QUADS, off
+    # by default: 42.1k against 43.2k GFLOP/s for 16x4 at 4096^3)
+    "8x8/16x16/bk8 quads": ((8, 8, 16, 16, 8), {"GEMM_STAGES": 0, "GEMM_QUADS": True, "GEMM_QUADS_MIN_BLOCKS": 0}),
     **{f"{t} cp.async {st} {'A row' if row else 'A^T'}":
        (tiles, {"GEMM_STAGES": st, "GEMM_A_ROW": bool(row), **ASYNC_ALWAYS})
        for t, tiles, cfg in (("16x4/8x32/bk8", (16, 4, 8, 32, 8), ((3, 0), (3, 1), (4, 1))),

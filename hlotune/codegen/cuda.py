@@ -15,7 +15,7 @@ Map:
                             tiled dot of the default schedule becomes shared tiles filled by a 3-stage cp.async ring
                             (A row-major; `GEMM_STAGES`, `GEMM_A_ROW`) or, for 16-row register tiles and 8-row ones in
                             small grids, double-buffered float4 register prefetch (A transposed), one barrier per K
-                            tile (`GEMM_TEMPLATE`)
+                            tile (`GEMM_TEMPLATE`); 8x8 on 16x16 threads as 2 x 2 quads of 4x4 (`GEMM_QUADS`, off)
   _gemm_mma_text            the GEMM template on tensor cores, chosen by the schedule (a ("tensor_core", 3) pragma on
                             the K-tile loop, where the tiling fits: `_mma_fits`): 3xTF32 mma.sync m16n8k8 (float32-
                             class error), the loop nest's accumulators used directly as the mma C fragments (TJ = 4
@@ -1581,6 +1581,16 @@ GEMM_A_ROW = True
 #: 42.5 us)
 GEMM_ASYNC_MAX_MR = 8
 GEMM_ASYNC_MR8_BLOCKS = 256
+#: 8x8 register tiles on 16x16 threads (128x128 block tiles): computed as 2 x 2 quads of 4x4 (rows ty * 4 and
+#: BM/2 + ty * 4, columns tx * 4 and BN/2 + tx * 4; a warp's lanes 4 x 8 of (ty, tx)), so per k a thread reads two
+#: float4 of A and two of B (a warp: 4 and 8 distinct float4, no bank conflicts), the next k's fragments loaded
+#: before the current k's FFMAs (register double buffering); the tile moves to the loop nest's row-major register
+#: tile through shared memory once after the K loop (`_gemm_quads_text`; off: the register tile computed in place).
+#: Off: slower on the H200 (logs/gpu_s6g: 4096^3 42.1k GFLOP/s, 128 registers, no spill, against 43.2k for the
+#: 16x4 default and 42.7k for 8x8/16x16 in place); a variant of `gpu_session.py --variants matmul`
+GEMM_QUADS = False
+#: ... in grids of at least this many blocks (big dots only)
+GEMM_QUADS_MIN_BLOCKS = 512
 
 
 @dataclass(frozen=True)
@@ -1605,9 +1615,12 @@ class _Gemm:
     a_row: bool = False     # cp.async: A row-major in shared memory (`GEMM_A_ROW`)
     mma: int = 0        # tensor cores (`_gemm_mma_text`): TF32 passes per product, 3 (3xTF32) or 1; 0: FFMA
     pad_a: int = 4      # mma: floats of padding per row of A's shared tile (`_mma_pad_a`)
+    quads: bool = False     # FFMA 8x8 as 2 x 2 quads of 4x4 (`GEMM_QUADS`, `_gemm_quads_text`)
 
     @property
     def shared_bytes(self) -> int:
+        if self.quads:      # the two stages, or half of the block tile for the move to the loop nest's layout
+            return 4 * max(2 * self.bk * (self.bm + 4 + self.bn), self.bm * self.bn // 2)
         if self.mma:    # the ring, and with `GEMM_MMA_B_PLANES` B's small TF32 plane (3xTF32)
             plane = self.bk * self.bn if GEMM_MMA_B_PLANES and self.mma == 3 else 0
             return 4 * (self.stages * (self.bm * (self.bk + self.pad_a) + self.bk * self.bn) + plane)
@@ -1733,6 +1746,8 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
     tc = dict(s.annotations).get("tensor_core", 0)
     if tc in MMA_PASSES and GEMM_MMA and _mma_fits(g):
         g = _mma_gemm(g, int(tc))
+    elif _quads_fit(g) and plan.grid[0] >= GEMM_QUADS_MIN_BLOCKS:
+        g = dataclasses.replace(g, quads=True)
     elif GEMM_STAGES >= 2 and mr <= GEMM_ASYNC_MAX_MR and (mr < 8 or plan.grid[0] >= GEMM_ASYNC_MR8_BLOCKS):
         per_stage = 4 * bk * (bm + 4 + bn)
         stages = min(GEMM_STAGES, STATIC_SHARED_LIMIT // per_stage, kt + 1)
@@ -1824,6 +1839,8 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
         return _gemm_mma_text(g, acc, a, b)
     if g.stages >= 2:
         return _gemm_async_text(g, acc, a, b)
+    if g.quads:
+        return _gemm_quads_text(g, acc, a, b)
     tj = g.bn // g.nr
     na, nb = g.bm * g.bk // 4, g.bk * g.bn // 4        # float4s per tile
     la, lb = max(1, na // g.threads), max(1, nb // g.threads)
@@ -1885,6 +1902,103 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
                                    split_frag() if split else frag("hl_b", "hl_Bs[hl_cur][hl_kk]", g.nr, "hl_c0")),
           "}"]
     return o
+
+
+def _quads_fit(g: _Gemm) -> bool:
+    """`GEMM_QUADS` takes this FFMA tiling: 8x8 per thread on 16 x 16 threads, one float4 of A and of B per thread
+    and K tile (BK 8), the quad tile's shared memory within the static limit."""
+    return (GEMM_QUADS and g.mr == 8 and g.nr == 8 and g.threads == 256 and g.bm == 128 and g.bn == 128
+            and g.bk == 8 and dataclasses.replace(g, quads=True).shared_bytes <= STATIC_SHARED_LIMIT)
+
+
+def _gemm_quads_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
+    """The FFMA GEMM template for 8x8 register tiles on 16 x 16 threads (`GEMM_QUADS`): double-buffered shared
+    tiles with the register prefetch of `gemm_text` (A transposed), but thread (ty, tx) (lanes 4 x 8 of a warp,
+    warps 4 x 2) computes the four 4x4 quads at rows {0, BM/2} + ty * 4, columns {0, BN/2} + tx * 4 into its own
+    registers hl_c, each k's A and B fragments (2 + 2 float4) read before the previous k's FFMAs.  After the K loop
+    the tile goes through shared memory, half a block tile at a time, into `acc` at the loop nest's layout (rows
+    (tid / 16) * 8 + i, columns (tid % 16) * 8 + j).  Every output is the same k-ordered sum as `gemm_text`'s."""
+    nbj, nbi = g.n // g.bn, g.m // g.bm
+    kt, ap, hm, hn = g.k // g.bk, g.bm + 4, g.bm // 2, g.bn // 2
+    sm = g.shared_bytes // 4
+    o = [f"{{  // GEMM template: {g.bm}x{g.bn}x{g.bk} tile, 8x8 per thread in 2 x 2 quads, double-buffered",
+         f"  __shared__ __align__(16) float hl_sm[{sm}];",
+         f"  float (*hl_As)[{g.bk}][{ap}] = reinterpret_cast<float (*)[{g.bk}][{ap}]>(hl_sm);",
+         f"  float (*hl_Bs)[{g.bk}][{g.bn}] = reinterpret_cast<float (*)[{g.bk}][{g.bn}]>(hl_sm + {2 * g.bk * ap});",
+         "  const int hl_tid = threadIdx.x, hl_bid = blockIdx.x;",
+         f"  const int hl_bj = hl_bid % {nbj}, hl_bi = (hl_bid / {nbj}) % {nbi}, hl_bb = hl_bid / {nbj * nbi};",
+         f"  const float* __restrict__ hl_A = {a} + (long long)hl_bb * {g.a_batch}LL + (long long)hl_bi * "
+         f"{g.bm * g.k}LL;",
+         f"  const float* __restrict__ hl_B = {b} + (long long)hl_bb * {g.b_batch}LL + hl_bj * {g.bn};",
+         "  const int hl_w = hl_tid >> 5, hl_l = hl_tid & 31;",
+         "  const int hl_ty = (hl_w >> 1) * 4 + (hl_l >> 3), hl_tx = (hl_w & 1) * 8 + (hl_l & 7);",
+         "  const int hl_ra0 = hl_ty * 4, hl_cb0 = hl_tx * 4;",
+         "  float hl_c[64];",
+         "  #pragma unroll",
+         "  for (int i = 0; i < 64; ++i) hl_c[i] = 0.0f;",
+         "  float4 hl_ra, hl_rb;"]
+    ka, nb4 = g.bk // 4, g.bn // 4
+
+    def load(kexpr: str) -> list[str]:
+        return [f"    hl_ra = __ldg((const float4*)(hl_A + (hl_tid / {ka}) * {g.k} + {kexpr} * {g.bk} + "
+                f"(hl_tid % {ka}) * 4));",
+                f"    hl_rb = __ldg((const float4*)(hl_B + ({kexpr} * {g.bk} + hl_tid / {nb4}) * {g.n} + "
+                f"(hl_tid % {nb4}) * 4));"]
+
+    def store(buf: str) -> list[str]:
+        return [f"    {{ const int r = hl_tid / {ka}, c = (hl_tid % {ka}) * 4;",
+                f"      hl_As[{buf}][c][r] = hl_ra.x; hl_As[{buf}][c + 1][r] = hl_ra.y; "
+                f"hl_As[{buf}][c + 2][r] = hl_ra.z; hl_As[{buf}][c + 3][r] = hl_ra.w; }}",
+                f"    *(float4*)&hl_Bs[{buf}][hl_tid / {nb4}][(hl_tid % {nb4}) * 4] = hl_rb;"]
+
+    def frag(kk: int) -> list[str]:
+        s = kk & 1
+        out = []
+        for arr, name, base, half in (("hl_As", "hl_fa", "hl_ra0", hm), ("hl_Bs", "hl_fb", "hl_cb0", hn)):
+            for v, off in ((0, "0"), (4, str(half))):
+                out.append(f"      {{ const float4 t = *(const float4*)&{arr}[hl_cur][{kk}][{base} + {off}]; "
+                           f"{name}[{s}][{v}] = t.x; {name}[{s}][{v + 1}] = t.y; {name}[{s}][{v + 2}] = t.z; "
+                           f"{name}[{s}][{v + 3}] = t.w; }}")
+        return out
+
+    body = ["    float hl_fa[2][8], hl_fb[2][8];", *frag(0)]
+    for kk in range(g.bk):
+        if kk + 1 < g.bk:
+            body += frag(kk + 1)
+        body += ["    #pragma unroll",
+                 "    for (int i = 0; i < 8; ++i) {",
+                 "      #pragma unroll",
+                 f"      for (int j = 0; j < 8; ++j) hl_c[i * 8 + j] = hl_c[i * 8 + j] + "
+                 f"hl_fa[{kk & 1}][i] * hl_fb[{kk & 1}][j];",
+                 "    }"]
+    o += ["  {", *load("0"), *store("0"), "  }", "  __syncthreads();",
+          f"  for (int hl_kt = 0; hl_kt < {kt}; ++hl_kt) {{",
+          "    const int hl_cur = hl_kt & 1;",
+          f"    if (hl_kt + 1 < {kt}) {{", *["  " + x for x in load("(hl_kt + 1)")], "    }",
+          *body,
+          f"    if (hl_kt + 1 < {kt}) {{", *["  " + x for x in store("hl_cur ^ 1")], "    }",
+          "    __syncthreads();",
+          "  }"]
+    # the move to the loop nest's layout: rows [h * BM/2, (h + 1) * BM/2) of the tile per pass, via hl_sm as
+    # (BM/2) x BN; hl_c[i * 8 + j] is row (i / 4) * BM/2 + ty * 4 + i % 4, column (j / 4) * BN/2 + tx * 4 + j % 4
+    for h in range(2):
+        o += ["  __syncthreads();" if h else ""]
+        for i in range(4):
+            for qj in range(2):
+                c = [f"hl_c[{(h * 4 + i) * 8 + qj * 4 + v}]" for v in range(4)]
+                o.append(f"  *(float4*)&hl_sm[(hl_ra0 + {i}) * {g.bn} + {qj * hn} + hl_cb0] = "
+                         f"make_float4({', '.join(c)});")
+        o += ["  __syncthreads();",
+              f"  if ((hl_tid >> 7) == {h}) {{",
+              "    const int r = ((hl_tid >> 4) & 7) * 8, c = (hl_tid & 15) * 8;"]
+        for i in range(8):
+            for v in (0, 4):
+                o.append(f"    {{ const float4 t = *(const float4*)&hl_sm[(r + {i}) * {g.bn} + c + {v}]; "
+                         + " ".join(f"{acc}[{i * 8 + v + u}] = {acc}[{i * 8 + v + u}] + t.{x};"
+                                    for u, x in enumerate("xyzw")) + " }")
+        o.append("  }")
+    o += ["  __syncthreads();", "}"]
+    return [x for x in o if x]
 
 
 #: sm_80+ asynchronous copies (a plain copy on older GPUs, where the commit / wait are no-ops); added to a
