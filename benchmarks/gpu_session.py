@@ -545,6 +545,8 @@ def _ew_kernel(cd, name: str, opts: dict, build):
 _S5 = {"row_regs": False}    # the session-5 schedule: the row re-read from L1, softmax's exp in shared memory
 _REGS = {"row_regs": True}   # session 6: the row (and softmax's exp) in registers
 _RELOAD = {"ROW_PREFETCH_RELOAD": True}
+_DIV = {"ROW_DIV_RCP": True}
+_DIV4 = {"ROW_DIV_RCP": True, "ROW_DIV_GROUPED": True}
 ROW_VARIANTS = {"default": ({}, {}), "session 5 (8 rows/block, row re-read, exp in shared)": (_S5, {}),
                 "session 5, row cache in shared": ({"row_cache": True, **_S5}, {}),
                 "session 5, exp inlined (computed twice)": ({"row_keep": False, **_S5}, {}),
@@ -559,7 +561,14 @@ ROW_VARIANTS = {"default": ({}, {}), "session 5 (8 rows/block, row re-read, exp 
                 "registers, 2 rows/warp, 8 rows/block": ({**_REGS, "row_pipe": 2, "rows": 8}, {}),
                 "registers, 2 rows/warp, 16 rows/block": ({**_REGS, "row_pipe": 2, "rows": 16}, {}),
                 "registers, 2 rows/warp, 16 rows/block, reload": ({**_REGS, "row_pipe": 2, "rows": 16}, _RELOAD),
-                "registers, 4 rows/warp, 4 rows/block, reload": ({**_REGS, "row_pipe": 4, "rows": 4}, _RELOAD)}
+                "registers, 4 rows/warp, 4 rows/block, reload": ({**_REGS, "row_pipe": 4, "rows": 4}, _RELOAD),
+                # session 6b: softmax's division by the row's sum through one reciprocal per row (exact: Markstein)
+                "registers, division by one reciprocal per row": ({**_REGS}, _DIV),
+                "registers, 8 rows/block, division by one reciprocal per row": ({**_REGS, "rows": 8}, _DIV),
+                "registers, 32 rows/block, division by one reciprocal per row": ({**_REGS, "rows": 32}, _DIV),
+                "registers, division by one reciprocal per row, one guard per float4": ({**_REGS}, _DIV4),
+                "registers, 32 rows/block, division by one reciprocal per row, one guard per float4":
+                    ({**_REGS, "rows": 32}, _DIV4)}
 ROW_MODELS = ["softmax@bench.gpu.opt.hlo", "layernorm@bench.gpu.opt.hlo", "rmsnorm_swiglu", "transformer_block"]
 
 

@@ -38,6 +38,8 @@ Map:
                             K rows per warp with the next row's register fill issued first (`ROW_PREFETCH`)
   _float_math               float32 exp / sin / cos of the prelude (bounds `FLOAT_MATH_ULP`; sin / cos select
                             between both polynomials, `SIN_SELECT`)
+  hl_fdiv_row               division by a row's scalar via one reciprocal per row + Markstein's correction, exact
+                            inside a range guard (`ROW_DIV_RCP`, `ROW_DIV_GROUPED`: one guard per float4; both off)
   _grid_stride              optional grid-stride block loop (`GRID_STRIDE_BLOCKS`)
 
 Semantics (the same as the CPU backend, `llvm_emit`):
@@ -572,6 +574,35 @@ ROW_PREFETCH_UNROLL = True    # the row loop unrolled (False: a rolled loop, not
 ROW_PREFETCH_RELOAD = False
 #: kernels with lane-register rows: __launch_bounds__(threads, ROW_MIN_BLOCKS) (0: no minimum; a variant)
 ROW_MIN_BLOCKS = 0
+#: float32 division by a row's scalar (a size-1 local of a row-register kernel: softmax's sum) through one reciprocal
+#: per row and Markstein's correction (`hl_fdiv_row`, exactly the IEEE quotient inside its range guard; a variant)
+ROW_DIV_RCP = False
+#: with ROW_DIV_RCP, float4 output stores take the correction for their four quotients and one guard for all four
+#: (`hl_fdiv_fast`, `hl_div_ok`; the four recomputed by division when any is outside it): one branch per float4
+ROW_DIV_GROUPED = False
+#: hl_fdiv_row: y = RN(1/b) (`__frcp_rn`, the same for every element of the row: nvcc computes it once), q = RN(a y),
+#: r = a - q b (exact: one fma), RN(q + r y) is the correctly rounded a / b (Markstein's theorem) when no step under- or
+#: overflows: |b| in [2^-24, 2^24] and |a| in [2^-54, 2^100] (then q >= 2^-78 and the remainder, a multiple of
+#: ulp(q) ulp(b) >= 2^-149, is representable; |q| < 2^126).  Else (zeros: -0 / b would give +0; inf, NaN) the
+#: division.  Checked bit for bit against the division on the CPU (tests/null/test_cuda_rows7.py).
+ROW_DIV_PRELUDE = r"""
+HL_INL float hl_fdiv_row(float a, float b) {
+  const float y = __frcp_rn(b), aa = fabsf(a), ab = fabsf(b);
+  if (ab >= 0x1p-24f && ab <= 0x1p24f && aa >= 0x1p-54f && aa <= 0x1p100f) {
+    const float q = __fmul_rn(a, y);
+    return fmaf(fmaf(-q, b, a), y, q);
+  }
+  return a / b;
+}
+HL_INL float hl_fdiv_fast(float a, float b) {
+  const float y = __frcp_rn(b), q = __fmul_rn(a, y);
+  return fmaf(fmaf(-q, b, a), y, q);
+}
+HL_INL bool hl_div_ok(float a, float b) {
+  const float aa = fabsf(a), ab = fabsf(b);
+  return (ab >= 0x1p-24f) & (ab <= 0x1p24f) & (aa >= 0x1p-54f) & (aa <= 0x1p100f);
+}
+"""
 LD4_KEEP_PRELUDE = r"""
 HL_INL float4 hl_ld4_keep(const float* p) {
   float4 v;
@@ -757,6 +788,8 @@ class _Emitter:
         self.gemms: dict[str, _Gemm | _IGemm] = {}   # loop var -> GEMM template (`_gemm_loops`)
         self.n_vec = 0            # vectorized stores emitted (unique names)
         self.row_var = ""         # the prefetched row loop's variable, with ROW_PREFETCH_RELOAD
+        self.div_group: list[tuple[str, str]] | None = None   # a float4 store's quotients (ROW_DIV_GROUPED)
+        self.plain_div = False    # the division itself (a grouped store's fallback)
 
     def line(self, depth: int, text: str) -> None:
         self.lines.append("  " * depth + text)
@@ -1105,6 +1138,7 @@ class _Emitter:
             self.line(dd, "const float " + ", ".join(f"{name}_{j} = {name}.{comps[j]}" for j in range(nv)) + ";")
         if not regs:
             self.line(dd, f"{vt} hl_vs{k};")
+        divs: list[tuple[str, str]] = []
         for j in range(nv):
             lane = substitute(rebuild(val, lambda n, j=j: Var(n.name.replace("{lane}", str(j)), n.dtype)
                                       if isinstance(n, Var) and n.name.endswith("_{lane}") else n),
@@ -1113,7 +1147,20 @@ class _Emitter:
                 at = tuple(substitute(i, {v: Const(j, INDEX)}) for i in body.indices)
                 self.line(dd, f"{sanitize(body.buffer)}[{self.offset(decl, at)}] = {self.expr(lane)};")
             else:
+                self.div_group = [] if ROW_DIV_RCP and ROW_DIV_GROUPED else None
                 self.line(dd, f"hl_vs{k}.{comps[j]} = {self.expr(lane)};")
+                divs += self.div_group or []
+                self.div_group = None
+        if divs:   # grouped quotients: one guard for the four, else all four by the division
+            self.line(dd, "if (!(" + " & ".join(f"hl_div_ok({a}, {b})" for a, b in divs) + ")) {")
+            self.plain_div = True
+            for j in range(nv):
+                lane = substitute(rebuild(val, lambda n, j=j: Var(n.name.replace("{lane}", str(j)), n.dtype)
+                                          if isinstance(n, Var) and n.name.endswith("_{lane}") else n),
+                                  {v: Const(j, INDEX)})
+                self.line(dd + 1, f"hl_vs{k}.{comps[j]} = {self.expr(lane)};")
+            self.plain_div = False
+            self.line(dd, "}")
         if not regs:
             self.line(dd, f"*({vt}*)&{sanitize(body.buffer)}[{self.offset(decl, base[0])}] = hl_vs{k};")
         if conds:
@@ -1219,7 +1266,13 @@ class _Emitter:
         if dt.is_float:
             rt = "double" if dt is DType.F64 else "float"
             sym = {Op.ADD: "+", Op.SUBTRACT: "-", Op.MULTIPLY: "*", Op.DIVIDE: "/"}.get(op)
-            if sym is not None:
+            if op is Op.DIVIDE and dt is DType.F32 and e.dtype is DType.F32 and self._row_scalar(e.b):
+                if self.div_group is not None:   # a grouped float4 store: its guard checks every quotient
+                    self.div_group.append((a, b))
+                    v = f"hl_fdiv_fast({a}, {b})"
+                else:
+                    v = f"hl_fdiv_row({a}, {b})"
+            elif sym is not None:
                 v = f"({a} {sym} {b})"
             elif op is Op.REMAINDER:
                 v = f"fmod(({rt}){a}, ({rt}){b})"
@@ -1241,6 +1294,15 @@ class _Emitter:
                 return f"({a} != {b})"
             raise CompileError(f"binary op {op.value} is not supported on pred by the CUDA code generator")
         return self._int_binary(op, a, b, dt)
+
+    def _row_scalar(self, e: Expr) -> bool:
+        """`e` is a row's scalar in a row-register kernel (a size-1 local buffer: a reduction's result), with
+        ROW_DIV_RCP on: the divisor `hl_fdiv_row` takes."""
+        if not (ROW_DIV_RCP and not self.plain_div and self.plan.lane_regs and isinstance(e, Load)
+                and e.buffer not in self.plan.lane_regs):
+            return False
+        decl = self.bufs.get(e.buffer)
+        return decl is not None and decl.scope == "local" and math.prod(decl.shape) == 1
 
     def _index_binary(self, e: Binary, a: str, b: str) -> str:
         op = e.op
@@ -2875,6 +2937,8 @@ def generate_cuda(func: LoopFunc) -> CudaSource:
         head.append(MMA_PRELUDE)
     if any("hl_ld4_keep(" in t for t in body_text):
         head.append(LD4_KEEP_PRELUDE)
+    if any("hl_fdiv_row(" in t or "hl_fdiv_fast(" in t for t in body_text):
+        head.append(ROW_DIV_PRELUDE)
     temp_decls = tuple(BufferDecl(a.buffer, a.shape, a.dtype, "global") for a in temps)
     return CudaSource(func, "\n".join(head + body_text) + "\n", tuple(launches), temp_decls, 32 if idx == "int" else 64)
 
