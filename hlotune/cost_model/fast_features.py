@@ -10,6 +10,7 @@ Map:
                                  stages and index coefficients, all numpy over an (N, n_factors) matrix;
                                  `bad` marks candidates it cannot reproduce (a clamped region minimum under
                                  a packed index, a fractional region): those are lowered instead
+  Template.instantiate(factors)  (nests, bad) under the template's lock: templates are shared by threads
   batch_features(cd, schedules)  list of (S_i, NUM_FEATURES) arrays, one per schedule (groups by structure;
                                  a structure the template cannot express -- rfactor, non-affine indices --
                                  falls back to the exact path: lower + features_of_func)
@@ -26,6 +27,7 @@ with extent 1 (features ignore them).  Tests check that it equals the exact path
 from __future__ import annotations
 
 import gc
+import threading
 
 import numpy as np
 
@@ -204,6 +206,9 @@ class Template:
         self.stages = {n: state.stage(n) for n in self.order}
         self.inputs = {b.name: b for b in cd.inputs}
         self.stores = self._store_list()
+        #: `nests` keeps per-call state on the template, and templates are shared (`_TEMPLATES`) by every thread
+        #: of the process (several tuning threads: distributed.tune_targets): one call at a time
+        self.lock = threading.Lock()
         if len(self.stores) != len(rep_nests):
             raise Unsupported("statement count differs from the lowered representative")
 
@@ -272,6 +277,11 @@ class Template:
         for r in refs[1:]:
             v = v * F[:, self.ref_col[r]]
         return v
+
+    def instantiate(self, F: np.ndarray) -> tuple[list[StoreNest], np.ndarray]:
+        """`nests(F)` and its `bad` mask, under the template's lock (safe from several threads)."""
+        with self.lock:
+            return self.nests(F), self.bad.copy()
 
     def nests(self, F: np.ndarray) -> list[StoreNest]:
         """StoreNests of the N candidates (rows of F); `self.bad` (N,) marks the candidates whose numbers the
@@ -739,13 +749,12 @@ def _batch_features(cd: ComputeDef, schedules, workload_key: str | None) -> list
         if tpl is not None:
             try:
                 F = np.array(rows, dtype=np.float64) if tpl.refs else np.zeros((len(idx), 0))
-                nests = tpl.nests(F)
-                if tpl.bad.any():   # candidates the template cannot express: lowered one by one below
-                    bad = tpl.bad
+                nests, bad = tpl.instantiate(F)
+                if bad.any():   # candidates the template cannot express: lowered one by one below
                     rest = [i for i, b in zip(idx, bad) if b]
                     idx = [i for i, b in zip(idx, bad) if not b]
                     if idx:
-                        nests = tpl.nests(F[~bad])
+                        nests = tpl.instantiate(F[~bad])[0]
                     for i in rest:
                         out[i] = exact_features(cd, schedules[i])
                 if idx:
