@@ -56,21 +56,26 @@ def _exp(x: F) -> F:
     return F(F(p * F(2.0 ** n1)) * F(2.0 ** (int(n) - n1)))
 
 
+def _float_reduce(x: F, k: F, p1, p2, p3) -> tuple[F, F]:
+    """The float reduction's r + rl = x - k pi/2: exact first step, k p2 as a pair, TwoSum, k p3 into the tail."""
+    r1 = _fmaf(-k, p1, x)
+    th = F(k * F(p2))
+    tl = _fmaf(k, p2, -th)
+    s = F(r1 - th)
+    bv = F(s - r1)
+    e = F(F(r1 - F(s - bv)) - F(th + bv))
+    lo = _fmaf(-k, p3, F(e - tl))
+    r = F(s + lo)
+    return r, F(lo - F(r - s))
+
+
 def _sincos(x: F, cosine: int, float_reduction: bool = False) -> F:
     """The prelude's sin / cos (the default text, or with the float reduction for |x| < 2^17)."""
     two_pi_f, p1, p2, _, p3, two_pi, p_hi, p_lo, *cs = _consts("hl_sincosf", cuda_gen._float_math(float_reduction))
     cos_c, sin_c = cs[:5], cs[5:]
     if float_reduction and abs(x) < 2.0 ** 17:   # float: exact first step, k p2 as a pair, TwoSum, k p3 into the tail
         k = F(np.rint(F(x * F(two_pi_f))))
-        r1 = _fmaf(-k, p1, x)
-        th = F(k * F(p2))
-        tl = _fmaf(k, p2, -th)
-        s = F(r1 - th)
-        bv = F(s - r1)
-        e = F(F(r1 - F(s - bv)) - F(th + bv))
-        lo = _fmaf(-k, p3, F(e - tl))
-        r = F(s + lo)
-        rl = F(lo - F(r - s))
+        r, rl = _float_reduce(x, k, p1, p2, p3)
         q = (int(k) + cosine) & 3
     else:
         xd = Fraction(float(x))

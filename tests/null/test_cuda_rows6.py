@@ -27,7 +27,7 @@ from hlotune.schedule_space.loop_eval import evaluate_loop_func
 from hlotune.schedule_space.loop_ir import Allocate, walk_stmts
 from hlotune.schedule_space.lower import lower
 from tests.conftest import model_path
-from tests.null.test_cuda_fast_paths import _consts, _fmaf, _horner, _ulp
+from tests.null.test_cuda_fast_paths import _consts, _float_reduce, _fmaf, _horner, _ulp
 
 NVCC = shutil.which("nvcc")
 F = np.float32
@@ -187,15 +187,7 @@ def _sincos_shift(x: F, cosine: int, text: str) -> F:
     cos_c, sin_c = cs[:5], cs[5:]
     kt = _fmaf(x, two_pi_f, F(12582912.0))
     k = F(kt - F(12582912.0))
-    r1 = _fmaf(-k, p1, x)
-    th = F(k * F(p2))
-    tl = _fmaf(k, p2, -th)
-    s = F(r1 - th)
-    bv = F(s - r1)
-    e = F(F(r1 - F(s - bv)) - F(th + bv))
-    lo = _fmaf(-k, p3, F(e - tl))
-    r = F(s + lo)
-    rl = F(lo - F(r - s))
+    r, rl = _float_reduce(x, k, p1, p2, p3)
     q = ((int(np.float32(kt).view(np.int32)) & 0xffffffff) + cosine) & 3
     assert q == (int(k) + cosine) & 3    # the shifter's low bits are k mod 4
     z = F(r * r)
