@@ -547,6 +547,24 @@ _REGS = {"row_regs": True}   # session 6: the row (and softmax's exp) in registe
 _RELOAD = {"ROW_PREFETCH_RELOAD": True}
 _DIV = {"ROW_DIV_RCP": True}
 _DIV4 = {"ROW_DIV_RCP": True, "ROW_DIV_GROUPED": True}
+_W2, _W4 = {**_REGS, "row_lanes": 64}, {**_REGS, "row_lanes": 128}
+_W1 = {**_REGS, "row_lanes": 32}    # one warp per row whatever `default_gpu.ROW_LANES` says
+#: session 7's variants (also timed interleaved with the default and the one-warp schedule: `row_interleaved`)
+ROW_LANE_VARIANTS = {"registers, 1 warp/row, 16 rows/block": ({**_W1, "rows": 16}, {}),
+                     "registers, 2 warps/row, 8 rows/block": ({**_W2, "rows": 8}, {}),
+                     "registers, 2 warps/row, 4 rows/block": ({**_W2, "rows": 4}, {}),
+                     "registers, 2 warps/row, 16 rows/block": ({**_W2, "rows": 16}, {}),
+                     "registers, 2 warps/row, 8 rows/block, __syncthreads": ({**_W2, "rows": 8},
+                                                                            {"ROW_BARRIERS": False}),
+                     "registers, 2 warps/row, 8 rows/block, at most 42 regs (3 blocks/SM)": ({**_W2, "rows": 8},
+                                                                                            {"ROW_MIN_BLOCKS": 3}),
+                     "registers, 4 warps/row, 4 rows/block": ({**_W4, "rows": 4}, {}),
+                     "registers, 4 warps/row, 2 rows/block": ({**_W4, "rows": 2}, {}),
+                     "registers, 4 warps/row, 4 rows/block, at most 32 regs (4 blocks/SM)": ({**_W4, "rows": 4},
+                                                                                            {"ROW_MIN_BLOCKS": 4})}
+#: models of the interleaved timing and its rounds (each round times every variant once, in a rotated order)
+ROW_INTERLEAVED_MODELS = ["softmax@bench.gpu.opt.hlo", "layernorm@bench.gpu.opt.hlo", "rmsnorm_swiglu"]
+ROW_INTERLEAVED_ROUNDS = 9
 ROW_VARIANTS = {"default": ({}, {}), "session 5 (8 rows/block, row re-read, exp in shared)": (_S5, {}),
                 "session 5, row cache in shared": ({"row_cache": True, **_S5}, {}),
                 "session 5, exp inlined (computed twice)": ({"row_keep": False, **_S5}, {}),
@@ -568,7 +586,10 @@ ROW_VARIANTS = {"default": ({}, {}), "session 5 (8 rows/block, row re-read, exp 
                 "registers, 32 rows/block, division by one reciprocal per row": ({**_REGS, "rows": 32}, _DIV),
                 "registers, division by one reciprocal per row, one guard per float4": ({**_REGS}, _DIV4),
                 "registers, 32 rows/block, division by one reciprocal per row, one guard per float4":
-                    ({**_REGS, "rows": 32}, _DIV4)}
+                    ({**_REGS, "rows": 32}, _DIV4),
+                # session 7: two / four warps per row (row_lanes 64 / 128: N / 64, N / 128 registers per lane of the
+                # row, a named barrier per row, each warp combining the row's per-lane partials from shared memory)
+                **ROW_LANE_VARIANTS}
 ROW_MODELS = ["softmax@bench.gpu.opt.hlo", "layernorm@bench.gpu.opt.hlo", "rmsnorm_swiglu", "transformer_block"]
 
 
@@ -613,6 +634,55 @@ def row_variants(torch, copy_gbs: float, log) -> list[dict]:
             except Exception as e:
                 out.append({"model": name, "variant": label, "error": f"{type(e).__name__}: {e}"[:400]})
                 log(f"  row {name} {label}: ERROR {e}"[:300])
+    return out
+
+
+def row_interleaved(torch, copy_gbs: float, log, rounds: int = ROW_INTERLEAVED_ROUNDS) -> list[dict]:
+    """The default row kernel and session 7's variants (`ROW_LANE_VARIANTS`) timed interleaved in one process:
+    `rounds` rounds, each timing every variant once (CUDA events, median of 3 x 20 ms) in an order rotated per
+    round; per variant the median and minimum over the rounds and the median of its per-round ratio to the default."""
+    from hlotune.codegen.cuda_runtime import build_cuda
+
+    out = []
+    for name, sg in _row_subgraphs():
+        if name not in ROW_INTERLEAVED_MODELS:
+            continue
+        cd = sg.workload.compute
+        rng = np.random.default_rng(0)
+        ins = [torch.from_numpy(rng.standard_normal(b.shape).astype(np.float32)).cuda() for b in cd.inputs]
+        nbytes = sum(x.numel() * 4 for x in ins) + int(np.prod(cd.stage(cd.outputs[0]).shape)) * 4
+        labels = ["default", *ROW_LANE_VARIANTS]
+        kerns, outs, ref = {}, {}, None
+        for label in labels:
+            opts, flags = ROW_VARIANTS[label]
+            try:
+                kerns[label] = _variant_kernel(cd, sg.name, opts, flags, build_cuda)
+            except Exception as e:
+                log(f"  interleaved {name} {label}: ERROR {e}"[:300])
+                continue
+            o = torch.full(cd.stage(cd.outputs[0]).shape, float("nan"), device="cuda")
+            kerns[label](*ins, o)
+            torch.cuda.synchronize()
+            ref = o.clone() if ref is None else ref
+            outs[label] = (o, bool(torch.allclose(o, ref, rtol=1e-5, atol=1e-6)))
+        times: dict[str, list[float]] = {k: [] for k in kerns}
+        order = list(kerns)
+        for r in range(rounds):
+            for label in order[r % len(order):] + order[:r % len(order)]:
+                times[label].append(float(np.median(kerns[label].time(*ins, outs[label][0], min_time=0.02,
+                                                                         repeat=3))))
+        base = times.get("default")
+        for label, ts in times.items():
+            med = float(np.median(ts))
+            ratio = float(np.median([t / b for t, b in zip(ts, base)])) if base else float("nan")
+            gbs = nbytes / med / 1e9
+            out.append({"model": name, "variant": label, "us": med * 1e6, "min_us": min(ts) * 1e6,
+                        "ratio_to_default": ratio, "gbs": gbs, "of_copy": gbs / copy_gbs, "agrees": outs[label][1],
+                        "rounds_us": [x * 1e6 for x in ts], "launch": kerns[label].source.launches[0].block,
+                        "resources": _resources(kerns[label])})
+            log(f"  interleaved {name} {label}: {med * 1e6:.2f} us (min {min(ts) * 1e6:.2f}, "
+                f"{100 * gbs / copy_gbs:.0f}% of copy, x{ratio:.3f} of default), agrees {outs[label][1]}, "
+                f"regs {out[-1]['resources'][0]['regs']}")
     return out
 
 
@@ -1035,6 +1105,8 @@ def main() -> int:
                 res["matmul_variants"] += matmul_variants(n, torch, log, cub.get(n))
         if "row" in groups:
             res["row_variants"] = row_variants(torch, res["copy_gbs"], log)
+            (out / "gpu_session.json").write_text(json.dumps(res, indent=1, default=str))
+            res["row_interleaved"] = row_interleaved(torch, res["copy_gbs"], log)
         if time.time() < deadline + 30 and "ew" in groups:
             res["elementwise_variants"] = elementwise_variants(torch, res["copy_gbs"], log)
         if "gemm" in groups:
@@ -1126,6 +1198,13 @@ def main() -> int:
                 md.append(f"| {r['model']} {r['variant']} | {r['us']:.1f} | {r['gbs']:.0f} | "
                           f"{100 * r['of_copy']:.0f} | {r['agrees']} | {r['resources'][0]['regs']} | "
                           f"{r['resources'][0]['grid']} x {r['launch']} |")
+    if res.get("row_interleaved"):
+        md += ["", f"| row kernel, interleaved ({ROW_INTERLEAVED_ROUNDS} rounds) | median us | min us | x default | "
+                   "% copy | agrees | regs | block |", "|---|---|---|---|---|---|---|---|"]
+        for r in res["row_interleaved"]:
+            md.append(f"| {r['model']} {r['variant']} | {r['us']:.2f} | {r['min_us']:.2f} | "
+                      f"{r['ratio_to_default']:.3f} | {100 * r['of_copy']:.0f} | {r['agrees']} | "
+                      f"{r['resources'][0]['regs']} | {r['resources'][0]['grid']} x {r['launch']} |")
     if "tests" in res:
         md += ["", f"GPU tests: {res['tests']['summary']}"]
     (out / "gpu_session.md").write_text("\n".join(md) + "\n")

@@ -33,8 +33,11 @@ Map:
                             a cross-thread reduction: strided per-thread partials, warp shuffles, one shared
                             slot per warp (`cross_thread_reduce`); in a block of one warp per threadIdx.y row, warp
                             shuffles only (a thread-local B: a butterfly all-reduce, every lane gets the total)
-  _lane_private             a row buffer that each lane of a one-warp-per-row block only touches at its own elements
-                            stays in registers (`LANE_REGISTERS`) instead of shared memory; `_Emitter.row_prefetch`:
+  _lane_private             a row buffer that each lane of a one-row-per-threadIdx.y block (32 lanes; 64 / 128: two /
+                            four warps per row, `LANE_REGISTERS_WIDE`) only touches at its own elements stays in
+                            registers (`LANE_REGISTERS`) instead of shared memory; barriers of such wide rows are a
+                            named barrier per row (`ROW_BARRIERS`), their all-reduces read all the row's partials in
+                            every warp; `_Emitter.row_prefetch`:
                             K rows per warp with the next row's register fill issued first (`ROW_PREFETCH`)
   _float_math               float32 exp / sin / cos of the prelude (bounds `FLOAT_MATH_ULP`; sin / cos select
                             between both polynomials, `SIN_SELECT`)
@@ -472,6 +475,19 @@ class _KernelPlan:
         return (WARP_BARRIERS and self.block[0] == 32 and self.block[2] == 1
                 and all(self.replicas.get(b, ()) == rows for b in self.shared))
 
+    @property
+    def row_barrier(self) -> bool:
+        """Blocks of several warps per threadIdx.y row (64 or more lanes: two or more warps per row) whose every
+        shared buffer has one copy per row: a barrier need only synchronize the row's warps, a named barrier per row
+        (`bar.sync threadIdx.y, block[0]`; at most 16 rows, every barrier of the kernel one of these)."""
+        return (ROW_BARRIERS and self.block[0] > 32 and self.block[0] % 32 == 0 and self.block[2] == 1
+                and 1 < self.block[1] <= 16 and all(self.replicas.get(b, ()) == (1,) for b in self.shared))
+
+    @property
+    def lanes(self) -> int:
+        """Lanes of a row in a block of one row per threadIdx.y (32: one warp per row; 64, 128: two, four)."""
+        return self.block[0]
+
     def copies(self, buf: str) -> int:
         return math.prod(self.block[a] for a in self.replicas.get(buf, ()))
 
@@ -563,6 +579,8 @@ def _promote_locals(kernel: Stmt, p: _KernelPlan) -> None:
 #: under the row-register schedule) stays in registers, N / 32 per lane, instead of going to shared memory
 LANE_REGISTERS = True
 LANE_REGISTERS_MAX = 64     # most registers per lane such a buffer may take (else it goes to shared memory)
+#: the same for rows of 64 / 128 lanes (two / four warps per row: the schedule's "row_lanes")
+LANE_REGISTERS_WIDE = True
 
 
 #: the row-register schedule's unrolled loop over a warp's rows: the next row's lane-register fill issued before
@@ -650,17 +668,20 @@ def _accesses_of(s: Stmt, buf: str, loops: tuple[For, ...] = ()):
 
 def _lane_private(a: Allocate, p: _KernelPlan) -> tuple[int, frozenset[str]] | None:
     """(s, threadIdx.x loop vars) when local buffer `a` (allocated outside a threadIdx.x loop of a block of one
-    warp per row) is lane-private: every access is inside exactly one threadIdx.x loop (32 lanes) of constant
-    loops, at flat index s * lane + f with f % (32 s) < s (evaluated at every point), one s for all accesses;
-    None otherwise (the buffer goes to shared memory)."""
+    row per threadIdx.y: L = block[0] lanes, 32, or 64 / 128 with `LANE_REGISTERS_WIDE`) is lane-private: every
+    access is inside exactly one threadIdx.x loop (L lanes) of constant loops, at flat index s * lane + f with
+    f % (L s) < s (evaluated at every point), one s for all accesses; None otherwise (the buffer goes to shared
+    memory)."""
     n = max(1, math.prod(a.shape))
-    if not LANE_REGISTERS or p.block[0] != 32 or p.block[2] != 1 or a.dtype not in (DType.F32, DType.S32):
+    lanes = p.block[0]
+    if (not LANE_REGISTERS or lanes % 32 or not (lanes == 32 or LANE_REGISTERS_WIDE and lanes <= 128)
+            or p.block[2] != 1 or a.dtype not in (DType.F32, DType.S32)):
         return None
     strides, tvars = set(), set()
     try:
         for idx, loops in _accesses_of(a.body, a.buffer):
             tx = [f for f in loops if f.kind is ForKind.THREAD_X]
-            if len(tx) != 1 or _const_extent(tx[0]) != 32 or any(
+            if len(tx) != 1 or _const_extent(tx[0]) != lanes or any(
                     f.kind in _BLOCK or (f.kind in _THREAD and f.kind is not ForKind.THREAD_X) for f in loops):
                 return None
             ext = [_const_extent(f) for f in loops]
@@ -675,13 +696,13 @@ def _lane_private(a: Allocate, p: _KernelPlan) -> tuple[int, frozenset[str]] | N
                 flat = flat * int(m) + _np_ival(i, env)
             f0 = np.take(flat, [0], axis=ti)
             st = int(np.take(flat, [1], axis=ti).ravel()[0] - f0.ravel()[0])
-            if st < 1 or not np.array_equal(flat, f0 + st * t) or np.any(f0 % (32 * st) >= st) or np.any(f0 < 0):
+            if st < 1 or not np.array_equal(flat, f0 + st * t) or np.any(f0 % (lanes * st) >= st) or np.any(f0 < 0):
                 return None
             strides.add(st)
             tvars.add(tx[0].var.name)
     except (_NoMatch, KeyError, CompileError):
         return None
-    if len(strides) != 1 or n % (32 * min(strides)) or n // 32 > LANE_REGISTERS_MAX:
+    if len(strides) != 1 or n % (lanes * min(strides)) or n // lanes > LANE_REGISTERS_MAX:
         return None
     return strides.pop(), frozenset(tvars)
 
@@ -815,7 +836,12 @@ class _Emitter:
             self.line(d, "}")
             self.if_depth -= 1
         elif isinstance(s, Barrier):
-            self.line(d, "__syncwarp();" if self.plan.warp_private else "__syncthreads();")
+            if self.plan.warp_private:
+                self.line(d, "__syncwarp();")
+            elif self.plan.row_barrier:   # the row's warps only: named barrier threadIdx.y of block[0] threads
+                self.line(d, f'asm volatile("bar.sync %0, {self.plan.block[0]};" :: "r"((int)threadIdx.y) : "memory");')
+            else:
+                self.line(d, "__syncthreads();")
         else:
             raise CompileError(f"cannot generate CUDA code for statement {type(s).__name__}")
 
@@ -922,13 +948,13 @@ class _Emitter:
             pf = a.buffer + ".pf"
             self.plan.lane_regs[pf] = self.plan.lane_regs[a.buffer]
             self.bufs[pf] = BufferDecl(pf, a.shape, a.dtype, "local")
-            self.line(d + 1, f"{ctype(a.dtype)} {sanitize(pf)}[{max(1, math.prod(a.shape)) // 32}];")
+            self.line(d + 1, f"{ctype(a.dtype)} {sanitize(pf)}[{max(1, math.prod(a.shape)) // self.plan.lanes}];")
         for a, fill in chain:
             self.stmt(_stmt_map(fill, a.buffer, a.buffer + ".pf", {s.var.name: Const(0, INDEX)}), d + 1, bb, bt)
         self.line(d + 1, "#pragma unroll" if ROW_PREFETCH_UNROLL else "#pragma unroll 1")
         self.line(d + 1, f"for ({self.idx} {v} = 0; {v} < {k}; ++{v}) {{")
         for a, _ in chain:
-            n = max(1, math.prod(a.shape)) // 32
+            n = max(1, math.prod(a.shape)) // self.plan.lanes
             self.bufs[a.buffer] = BufferDecl(a.buffer, a.shape, a.dtype, "local")
             self.line(d + 2, f"{ctype(a.dtype)} {sanitize(a.buffer)}[{n}];")
             self.line(d + 2, "#pragma unroll")
@@ -949,10 +975,13 @@ class _Emitter:
     def _cross_thread_pattern(self, s: For, bt: frozenset[int]) -> tuple[Op, Expr, Store] | None:
         """(op, E, store) when `s` is `for v in [0, n): B[I] = B[I] op E(v)` at a uniform point of a 1-D block
         of whole warps, with B not thread-local and E reading no thread-local buffer; in a block of one warp per
-        threadIdx.y row, B may be thread-local (every lane computes the same value: a warp all-reduce)."""
+        threadIdx.y row, B may be thread-local (every lane computes the same value: a warp all-reduce); in a block of
+        two or more warps per threadIdx.y row (64 / 128 lanes), only a thread-local B (each warp reduces all of E
+        in the same order: the row's warps get the same total)."""
         p = self.plan
-        warp = bt == frozenset({1}) and p.block[0] == 32 and p.block[2] == 1     # one warp per threadIdx.y
-        if not warp and (bt or p.block[1] != 1 or p.block[2] != 1 or p.block[0] < 32 or p.block[0] % 32):
+        rows = bt == frozenset({1}) and p.block[0] % 32 == 0 and p.block[2] == 1   # whole warps per threadIdx.y
+        warp = rows and p.block[0] == 32     # one warp per threadIdx.y
+        if not rows and (bt or p.block[1] != 1 or p.block[2] != 1 or p.block[0] < 32 or p.block[0] % 32):
             return None
         if self.if_depth:
             return None
@@ -962,7 +991,9 @@ class _Emitter:
             return None
         decl = self.bufs.get(body.buffer)
         v = body.value
-        if decl is None or (decl.scope == "local" and not warp) or decl.dtype not in _XRED_TYPES:
+        if decl is None or (decl.scope == "local" and not rows) or decl.dtype not in _XRED_TYPES:
+            return None
+        if rows and not warp and decl.scope != "local":
             return None
         if not isinstance(v, Binary) or not WARP_ALLREDUCE and decl.scope == "local":
             return None
@@ -996,7 +1027,8 @@ class _Emitter:
         if self._decl(st.buffer).scope == "local":   # thread-local total: butterfly, every lane gets it
             self.line(d, "{  // warp all-reduce")
             self.line(d + 1, f"{rt} {acc} = ({rt})0; bool {has} = false;")
-            self.line(d + 1, f"for ({self.idx} {v} = ({self.idx})threadIdx.x; {v} < {s.const_extent}; {v} += 32) {{")
+            lane = "threadIdx.x" if self.plan.block[0] == 32 else "(threadIdx.x & 31)"   # every warp: all of E
+            self.line(d + 1, f"for ({self.idx} {v} = ({self.idx}){lane}; {v} < {s.const_extent}; {v} += 32) {{")
             self.line(d + 2, f"{rt} {x} = {self.expr(e)};")
             self.line(d + 2, f"{acc} = {has} ? {comb} : {x}; {has} = true;")
             self.line(d + 1, "}")
@@ -1052,7 +1084,7 @@ class _Emitter:
         old = self.bufs.get(s.buffer)
         self.bufs[s.buffer] = decl
         if decl.scope == "local":
-            n = max(1, math.prod(s.shape)) // (32 if s.buffer in self.plan.lane_regs else 1)
+            n = max(1, math.prod(s.shape)) // (self.plan.lanes if s.buffer in self.plan.lane_regs else 1)
             self.line(d, "{")
             self.line(d + 1, f"{ctype(s.dtype)} {sanitize(s.buffer)}[{n}];")
             self.stmt(s.body, d + 1, bb, bt)
@@ -1187,11 +1219,12 @@ class _Emitter:
             raise CompileError(f"buffer {decl.name!r} has rank {len(decl.shape)} but is indexed with "
                                f"{len(indices)} indices")
         lane = self.plan.lane_regs.get(decl.name) if decl.scope == "local" else None
-        if lane is not None:   # the lane's own elements s * lane + f: register (f / (32 s)) * s + f % s
+        if lane is not None:   # the lane's own elements s * lane + f: register (f / (L s)) * s + f % s, L lanes
             st, tvars = lane
             f = self.offset(dataclasses.replace(decl, name=""),
                             tuple(substitute(i, {v: Const(0, INDEX) for v in tvars}) for i in indices))
-            return f"({f}) / 32" if st == 1 else f"(({f}) / {32 * st}) * {st} + ({f}) % {st}"
+            nl = self.plan.lanes
+            return f"({f}) / {nl}" if st == 1 else f"(({f}) / {nl * st}) * {st} + ({f}) % {st}"
         terms = []
         stride = 1
         for idx, n in zip(reversed(indices), reversed(decl.shape)):
@@ -1367,6 +1400,9 @@ class _Emitter:
 _XRED_OPS = frozenset({Op.ADD, Op.MULTIPLY, Op.MAXIMUM, Op.MINIMUM})
 #: barriers of warp-private kernels (`_KernelPlan.warp_private`) as __syncwarp
 WARP_BARRIERS = True
+#: barriers of blocks of two or more warps per row whose shared buffers are per row (`_KernelPlan.row_barrier`) as a
+#: named barrier per row (bar.sync threadIdx.y) instead of __syncthreads
+ROW_BARRIERS = True
 #: thread-local combines of per-lane partials (the row-fused schedule's reductions) as warp all-reduces
 WARP_ALLREDUCE = True
 _XRED_TYPES = frozenset({DType.F32, DType.F64, DType.S32})

@@ -15,7 +15,8 @@ Map:
   _row_fused(cd)          a row-fused subgraph (reductions over rows, then an elementwise output reading them
                           through broadcasts: softmax, layernorm): one kernel, a warp per row, reductions
                           computed in the output's row loop; from 1024 rows the row and softmax's exp in
-                          registers (each lane its float4 columns; `ROW_REGISTERS`)
+                          registers (each lane its float4 columns; `ROW_REGISTERS`), rows of 1024 two warps per
+                          row (64 lanes, `ROW_LANES`)
   _row_reduction(R)       rows up to 2048 long (>= 1024 rows): one warp per row, 8 rows per block
                           (threadIdx.x lanes, threadIdx.y rows, warp shuffles); longer rows: one block per row,
                           rfactor over threadIdx.x (cross-thread reduction of the partials)
@@ -63,7 +64,8 @@ def default_gpu_schedule(cd: ComputeDef, target: Target | None = None, rng=None,
     block of elementwise stages; row-fused subgraphs: "row_fused" (False: one kernel per stage), "rows" per
     block, "row_cache" (the row's inputs copied to shared memory first), "row_keep" (False: inline softmax's exp
     twice), "row_regs" (the row-register schedule on / off, default ROW_REGISTERS from ROW_REGISTERS_MIN_ROWS rows),
-    "row_pipe" (rows per warp under it, the next row prefetched); convs: "conv_tiles" = (MH, MW, TH, TW, NR,
+    "row_pipe" (rows per warp under it, the next row prefetched), "row_lanes" (32 / 64 / 128 lanes per row under it:
+    one, two, four warps per row; default `ROW_LANES`); convs: "conv_tiles" = (MH, MW, TH, TW, NR,
     TJ[, BK]), "implicit_gemm" (False: the tiling before the implicit-GEMM template, also for dots outside the
     GEMM template's layout); dots: "tensor_core" = TF32 passes (0: FFMA, 1, 3: 3xTF32) instead of the
     TENSOR_CORE rule (with "tiles": on those tiles)."""
@@ -146,6 +148,12 @@ ROW_REGISTERS = True
 ROW_REGISTERS_MAX = 64
 ROW_REGISTERS_ROWS = 16   # rows (warps) per block under the row-register schedule
 ROW_REGISTERS_MIN_ROWS = 1024   # the default takes it from this many rows on (measured at 2048-8192 rows)
+#: lanes per row under the row-register schedule: (row length, min rows, lanes), first match; 64 / 128: two / four
+#: warps per row (a named barrier per row, the reductions' per-lane partials combined through shared memory by each
+#: warp), ROW_REGISTERS_ROWS * 32 / lanes rows per block; other rows one warp (the "row_lanes" option overrides).
+#: Measured on the H200 (session 7, interleaved in one process, 9 rounds): 2 warps x 8 rows per block against one warp
+#: x 16 rows: softmax 4096 x 1024 9.9 / 11.0 us, layernorm 8192 x 1024 20.9 / 21.7 us (4 warps x 4 rows 20.9 / 11.1)
+ROW_LANES: tuple[tuple[int, int, int], ...] = ((1024, 1024, 64),)
 ROW_PIPE = 1     # rows per warp under the row-register schedule (> 1: the next row prefetched)
 ROW_CACHE_BYTES = 48 * 1024   # shared memory for the rows of a block kept by the row-fused schedule
 
@@ -193,9 +201,10 @@ def _row_fused(cd: ComputeDef) -> list[Step] | None:
     row_in = [b.name for b in cd.inputs if b.shape == o.shape and b.name in red_reads]
     regs = (bool(_OPTS.get("row_regs", ROW_REGISTERS and rows >= ROW_REGISTERS_MIN_ROWS)) and n % (32 * VEC) == 0
             and n // 32 * len(row_in + kept) <= ROW_REGISTERS_MAX)
+    lanes = _row_lanes(n, rows, len(row_in + kept)) if regs else 32
     cached = row_in if regs or _OPTS.get("row_cache", False) else []
     inlined = [x for x in inlined if x not in {k.name for k in kept}]
-    ry = _divisor_at_most(rows, int(_OPTS.get("rows", ROW_REGISTERS_ROWS if regs else ROWS_PER_BLOCK)))
+    ry = _divisor_at_most(rows, int(_OPTS.get("rows", (ROW_REGISTERS_ROWS * 32 // lanes) if regs else ROWS_PER_BLOCK)))
     if not regs and (cached or kept) and n * 4 * len(cached + kept) > ROW_CACHE_BYTES:
         cached, kept, inlined = [], [], inlined + [k.name for k in kept]
     while not regs and (cached or kept) and ry * n * 4 * len(cached + kept) > ROW_CACHE_BYTES:
@@ -217,9 +226,9 @@ def _row_fused(cd: ComputeDef) -> list[Step] | None:
     if k > 1:   # an unrolled row loop whose body starts with the lane-register fill: codegen.cuda prefetches
         steps.append(Annotate(name, at, ForKind.UNROLLED))
     if n % (32 * VEC) == 0:
-        steps += [Split(name, last, (32, VEC)), Annotate(name, f"{last}.1", ForKind.THREAD_X),
+        steps += [Split(name, last, (lanes, VEC)), Annotate(name, f"{last}.1", ForKind.THREAD_X),
                   Annotate(name, f"{last}.2", ForKind.VECTORIZED)]
-        outer = n // (32 * VEC)
+        outer = n // (lanes * VEC)
     else:
         steps += [Split(name, last, (32,)), Annotate(name, f"{last}.1", ForKind.THREAD_X)]
         outer = n // 32
@@ -231,10 +240,10 @@ def _row_fused(cd: ComputeDef) -> list[Step] | None:
     keep_names = {k.name for k in kept}
     for r in reversed([x for x in cd.stages if x.is_reduction or x.name in keep_names]):
         if r.name in keep_names:
-            steps += _row_copy(r.name, r.axes[-1].name, name, at, n)
+            steps += _row_copy(r.name, r.axes[-1].name, name, at, n, lanes)
             continue
         red = r.reduce_axes[0].name
-        steps += [Split(r.name, red, (32, VEC) if regs else (32,)), RFactor(r.name, f"{red}.1"),
+        steps += [Split(r.name, red, (lanes, VEC) if regs else (32,)), RFactor(r.name, f"{red}.1"),
                   ComputeAt(r.name, name, at), ComputeAt(r.name + ".rf", r.name, r.axes[-1].name),
                   Annotate(r.name + ".rf", f"{red}.1", ForKind.THREAD_X)]
         if regs:   # each lane reduces its own float4 columns (the elements the output loop gives it)
@@ -243,17 +252,28 @@ def _row_fused(cd: ComputeDef) -> list[Step] | None:
         elif n // 32 <= 64:
             steps.append(Annotate(r.name + ".rf", f"{red}.0", ForKind.UNROLLED))
     for b in cached:
-        steps += _row_copy(f"{b}.local", f"ax{len(o.axes) - 1}", name, at, n)
+        steps += _row_copy(f"{b}.local", f"ax{len(o.axes) - 1}", name, at, n, lanes)
     return steps
 
 
-def _row_copy(c: str, ax: str, out: str, at: str, n: int) -> list[Step]:
+def _row_lanes(n: int, rows: int, row_arrays: int) -> int:
+    """Lanes per row under the row-register schedule: the "row_lanes" option (32, 64, 128: one, two, four warps per
+    row, each lane n / lanes registers of each register row), else `ROW_LANES` (a rule per row length: the first
+    (n, min rows, lanes) entry that matches), where lanes * 4 divides the row."""
+    want = _OPTS.get("row_lanes")
+    if want is None:
+        want = next((ln for rn, mr, ln in ROW_LANES if n == rn and rows >= mr), 32)
+    want = int(want)
+    return want if want in (32, 64, 128) and n % (want * VEC) == 0 else 32
+
+
+def _row_copy(c: str, ax: str, out: str, at: str, n: int, lanes: int = 32) -> list[Step]:
     """Stage `c` computed per row at `out`'s row loop `at`: lanes (float4 where 128 divides the row)."""
-    steps: list[Step] = [ComputeAt(c, out, at), Split(c, ax, (32, VEC) if n % (32 * VEC) == 0 else (32,)),
+    steps: list[Step] = [ComputeAt(c, out, at), Split(c, ax, (lanes, VEC) if n % (32 * VEC) == 0 else (32,)),
                          Annotate(c, f"{ax}.1", ForKind.THREAD_X)]
     if n % (32 * VEC) == 0:
         steps.append(Annotate(c, f"{ax}.2", ForKind.VECTORIZED))
-    if n // (32 * VEC) <= 16:
+    if n // (lanes * VEC) <= 16:
         steps.append(Annotate(c, f"{ax}.0", ForKind.UNROLLED))
     return steps
 

@@ -86,7 +86,7 @@ def test_row_registers_replace_shared_rows(monkeypatch):
     slots (2 x 512 floats)."""
     sg = _subgraph("softmax", 4096)
     cd = sg.workload.compute
-    src = _source(cd, {}, {}, monkeypatch)
+    src = _source(cd, {"row_lanes": 32}, {}, monkeypatch)   # one warp per row (the default is two: test_cuda_rows8)
     (ln,) = src.launches
     t = src.text[src.text.index("__global__"):]
     assert ln.block == (32, 16, 1) and ln.shared_bytes == 2 * 512 * 4

@@ -176,7 +176,8 @@ def _softmax_source(flag: bool, monkeypatch, grouped: bool = False):
     monkeypatch.setattr(cuda_gen, "ROW_DIV_GROUPED", grouped)
     (sg,) = hlotune.load_model(model_path("softmax", "bench.gpu.opt.hlo")).frontend.subgraphs
     cd = sg.workload.compute
-    return generate_cuda(lower(cd, default_gpu_schedule(cd), name="row")).text
+    # one warp per row: 32 register elements per lane (the default, two warps per row, has 16)
+    return generate_cuda(lower(cd, default_gpu_schedule(cd, options={"row_lanes": 32}), name="row")).text
 
 
 def test_row_division_used_only_for_the_row_scalar(monkeypatch):
