@@ -485,6 +485,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pretrain", default=None, metavar="DB",
                     help="start the evolutionary runs from a cost model trained on DB minus every compared "
                          "subgraph's workload (<out>/pretrained.json); default: a fresh (cold) model")
+    ap.add_argument("--hold-out", nargs="*", default=[], metavar="LABEL",
+                    help="with --pretrain: also leave these subgraphs' workloads out of the pretraining (a run of some "
+                         "of the subgraphs with the model of a run of all of them)")
     a = ap.parse_args(argv)
     command = "python benchmarks/search_compare.py " + " ".join(argv if argv is not None else sys.argv[1:])
     out = Path(a.out)
@@ -503,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         subs = [(label, load_subgraph(m, k, n)) for label, m, k, n, _ in chosen]
         a.cost_model = "none"
         if a.pretrain:
-            a.cost_model = pretrain(a.pretrain, [sg.workload.key for _, sg in subs], out)
+            extra = [load_subgraph(m, k, n).workload.key for label, m, k, n, _ in SUBGRAPHS if label in a.hold_out]
+            a.cost_model = pretrain(a.pretrain, [sg.workload.key for _, sg in subs] + extra, out)
             state.setdefault("settings", {})["pretrain"] = a.pretrain
         if not a.skip_tune:
             tune_all(a, subs, target, state, out)

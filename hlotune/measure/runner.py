@@ -33,8 +33,9 @@ Per candidate, in the runner:
      the warm-up; `repeats` repeats, each timed with `time.perf_counter_ns` around the calls of
      `kernel.bind(...)`; cost = seconds per call.  With `flush_cache`, a buffer of twice the last-level
      cache (at most FLUSH_MAX_BYTES) is written before each repeat and `number` is 1 (each cost is one cold call).
-  5. early cutoff: when the first repeat is slower than `cutoff_s` per call, the candidate stops there and
-     is valid with that one repeat (the LocalRunner sets `cutoff_s` = `cutoff` x the task's best given by
+  5. early cutoff: when the first repeat is slower than `cutoff_s` per call, and so was the checked call (one slow
+     observation on a busy machine is not enough: a cold call faster than the cutoff means the repeat was
+     disturbed), the candidate stops there and is valid with that one repeat (the LocalRunner sets `cutoff_s` = `cutoff` x the task's best given by
      `set_best`, setting `measure_cutoff`, default 1.5): a schedule clearly slower than the best is not worth
      timing in full, and one repeat of it is still a real, checked measurement the cost model learns from.
      When the checked call itself (a cold call: it can only be slower than a warm one) took more than
@@ -196,7 +197,7 @@ def measure_kernel(kernel, data: TaskData, timing: TimingConfig, fault: str | No
         for _ in range(number):
             run()
         costs.append((time.perf_counter_ns() - t0) / number * 1e-9)
-        if len(costs) == 1 and 0 < timing.cutoff_s < costs[0]:   # hopeless: one repeat is enough
+        if len(costs) == 1 and 0 < timing.cutoff_s < min(costs[0], first * 1e-9):   # hopeless: one repeat is enough
             break
         if len(costs) == 2 and 0 < timing.cutoff2_s < min(costs):   # not a new best: two repeats are enough
             break

@@ -1,6 +1,7 @@
 """The runner's two early cutoffs, in-process with a fake kernel whose call count and duration are known: a checked
 call already CHECK_CUTOFF x `cutoff_s` slow ends the candidate with that one call; a first repeat over `cutoff_s`
-ends it after that repeat; a candidate near the best is timed in full."""
+ends it after that repeat, unless the checked call was under `cutoff_s` (a disturbed repeat); a candidate near the
+best is timed in full."""
 
 from __future__ import annotations
 
@@ -53,6 +54,14 @@ def test_slow_first_repeat_stops_after_it():
     k = FakeKernel(first=0.003, warm=0.003)
     kind, _, costs = _measure(k, cutoff_s=0.003 / 1.5)
     assert kind is ErrorKind.NONE and len(costs) == 1 and costs[0] >= 0.003 and k.calls >= 2
+
+
+def test_one_slow_repeat_after_a_fast_checked_call_is_not_enough():
+    # the cold call under cutoff_s, the repeats over it (as when another process disturbs the first repeat): the
+    # candidate goes on to the second repeat (and, without cutoff2_s, all three)
+    k = FakeKernel(first=0.001, warm=0.003)
+    kind, _, costs = _measure(k, cutoff_s=0.002)
+    assert kind is ErrorKind.NONE and len(costs) == 3 and min(costs) >= 0.003
 
 
 @pytest.mark.parametrize("cutoff_s", [0.0, 0.01])
