@@ -545,7 +545,7 @@ def _ew_kernel(cd, name: str, opts: dict, build):
 _S5 = {"row_regs": False}    # the session-5 schedule: the row re-read from L1, softmax's exp in shared memory
 _REGS = {"row_regs": True}   # session 6: the row (and softmax's exp) in registers
 _RELOAD = {"ROW_PREFETCH_RELOAD": True}
-_DIV = {"ROW_DIV_RCP": True}
+_DIV = {"ROW_DIV_RCP": True, "ROW_DIV_GROUPED": False}
 _DIV4 = {"ROW_DIV_RCP": True, "ROW_DIV_GROUPED": True}
 _W2, _W4 = {**_REGS, "row_lanes": 64}, {**_REGS, "row_lanes": 128}
 _W1 = {**_REGS, "row_lanes": 32}    # one warp per row whatever `default_gpu.ROW_LANES` says
@@ -562,6 +562,38 @@ ROW_LANE_VARIANTS = {"registers, 1 warp/row, 16 rows/block": ({**_W1, "rows": 16
                      "registers, 4 warps/row, 2 rows/block": ({**_W4, "rows": 2}, {}),
                      "registers, 4 warps/row, 4 rows/block, at most 32 regs (4 blocks/SM)": ({**_W4, "rows": 4},
                                                                                             {"ROW_MIN_BLOCKS": 4})}
+_IEEE = {"ROW_DIV_RCP": False, "ROW_DIV_EXPR": False, "ROW_DIV_GROUPED": False}   # session 7: the IEEE division
+_RDIV = {"ROW_DIV_RCP": True, "ROW_DIV_EXPR": True, "ROW_DIV_GROUPED": False}   # sum / sqrt(var + eps): one reciprocal
+_RDIV4 = {**_RDIV, "ROW_DIV_GROUPED": True}     # the same, one range guard per float4 (the default since session 7b)
+_FULL = {"ROW_ALLREDUCE_FULL": True}
+#: session 7b: the division by a row's scalar (or an expression of them) through one reciprocal per row + Markstein's
+#: correction, and the warp all-reduce without "has a value" flags (all bit for bit the IEEE kernel's results)
+ROW_S7B_VARIANTS = {"7b: 2 warps/row, 8 rows/block, IEEE division (session 7)": ({**_W2, "rows": 8}, _IEEE),
+                    "7b: 2 warps/row, 8 rows/block, row division": ({**_W2, "rows": 8}, _RDIV),
+                    "7b: 2 warps/row, 8 rows/block, row division, one guard per float4": ({**_W2, "rows": 8}, _RDIV4),
+                    "7b: 2 warps/row, 8 rows/block, all-reduce without flags": ({**_W2, "rows": 8}, {**_IEEE, **_FULL}),
+                    "7b: 2 warps/row, 8 rows/block, row division + all-reduce without flags":
+                        ({**_W2, "rows": 8}, {**_RDIV, **_FULL}),
+                    "7b: 2 warps/row, 8 rows/block, row division per float4 + all-reduce without flags":
+                        ({**_W2, "rows": 8}, {**_RDIV4, **_FULL}),
+                    "7b: 2 warps/row, 4 rows/block, row division + all-reduce without flags":
+                        ({**_W2, "rows": 4}, {**_RDIV, **_FULL}),
+                    "7b: 4 warps/row, 4 rows/block, row division + all-reduce without flags":
+                        ({**_W4, "rows": 4}, {**_RDIV, **_FULL}),
+                    "7b: 2 warps/row, 4 rows/block, row division per float4": ({**_W2, "rows": 4}, _RDIV4),
+                    "7b: 2 warps/row, 16 rows/block, row division per float4": ({**_W2, "rows": 16}, _RDIV4),
+                    "7b: 4 warps/row, 4 rows/block, row division per float4": ({**_W4, "rows": 4}, _RDIV4),
+                    "7b: 4 warps/row, 2 rows/block, row division per float4": ({**_W4, "rows": 2}, _RDIV4),
+                    "7b: 4 warps/row, 4 rows/block, IEEE division (session 7)": ({**_W4, "rows": 4}, _IEEE)}
+#: the variants `row_interleaved` times against the default (session 7b's second call: the default is the 2 x 8
+#: "row division, one guard per float4" kernel)
+ROW_INTERLEAVED_LABELS = ["7b: 2 warps/row, 8 rows/block, IEEE division (session 7)",
+                          "7b: 2 warps/row, 8 rows/block, row division per float4 + all-reduce without flags",
+                          "7b: 2 warps/row, 4 rows/block, row division per float4",
+                          "7b: 2 warps/row, 16 rows/block, row division per float4",
+                          "7b: 4 warps/row, 4 rows/block, row division per float4",
+                          "7b: 4 warps/row, 2 rows/block, row division per float4",
+                          "7b: 4 warps/row, 4 rows/block, IEEE division (session 7)"]
 #: models of the interleaved timing and its rounds (each round times every variant once, in a rotated order)
 ROW_INTERLEAVED_MODELS = ["softmax@bench.gpu.opt.hlo", "layernorm@bench.gpu.opt.hlo", "rmsnorm_swiglu"]
 ROW_INTERLEAVED_ROUNDS = 9
@@ -589,7 +621,7 @@ ROW_VARIANTS = {"default": ({}, {}), "session 5 (8 rows/block, row re-read, exp 
                     ({**_REGS, "rows": 32}, _DIV4),
                 # session 7: two / four warps per row (row_lanes 64 / 128: N / 64, N / 128 registers per lane of the
                 # row, a named barrier per row, each warp combining the row's per-lane partials from shared memory)
-                **ROW_LANE_VARIANTS}
+                **ROW_LANE_VARIANTS, **ROW_S7B_VARIANTS}
 ROW_MODELS = ["softmax@bench.gpu.opt.hlo", "layernorm@bench.gpu.opt.hlo", "rmsnorm_swiglu", "transformer_block"]
 
 
@@ -638,7 +670,7 @@ def row_variants(torch, copy_gbs: float, log) -> list[dict]:
 
 
 def row_interleaved(torch, copy_gbs: float, log, rounds: int = ROW_INTERLEAVED_ROUNDS) -> list[dict]:
-    """The default row kernel and session 7's variants (`ROW_LANE_VARIANTS`) timed interleaved in one process:
+    """The default row kernel and the variants of `ROW_INTERLEAVED_LABELS` timed interleaved in one process:
     `rounds` rounds, each timing every variant once (CUDA events, median of 3 x 20 ms) in an order rotated per
     round; per variant the median and minimum over the rounds and the median of its per-round ratio to the default."""
     from hlotune.codegen.cuda_runtime import build_cuda
@@ -651,7 +683,7 @@ def row_interleaved(torch, copy_gbs: float, log, rounds: int = ROW_INTERLEAVED_R
         rng = np.random.default_rng(0)
         ins = [torch.from_numpy(rng.standard_normal(b.shape).astype(np.float32)).cuda() for b in cd.inputs]
         nbytes = sum(x.numel() * 4 for x in ins) + int(np.prod(cd.stage(cd.outputs[0]).shape)) * 4
-        labels = ["default", *ROW_LANE_VARIANTS]
+        labels = ["default", *ROW_INTERLEAVED_LABELS]
         kerns, outs, ref = {}, {}, None
         for label in labels:
             opts, flags = ROW_VARIANTS[label]
@@ -664,7 +696,7 @@ def row_interleaved(torch, copy_gbs: float, log, rounds: int = ROW_INTERLEAVED_R
             kerns[label](*ins, o)
             torch.cuda.synchronize()
             ref = o.clone() if ref is None else ref
-            outs[label] = (o, bool(torch.allclose(o, ref, rtol=1e-5, atol=1e-6)))
+            outs[label] = (o, bool(torch.allclose(o, ref, rtol=1e-5, atol=1e-6)), bool(torch.equal(o, ref)))
         times: dict[str, list[float]] = {k: [] for k in kerns}
         order = list(kerns)
         for r in range(rounds):
@@ -678,10 +710,12 @@ def row_interleaved(torch, copy_gbs: float, log, rounds: int = ROW_INTERLEAVED_R
             gbs = nbytes / med / 1e9
             out.append({"model": name, "variant": label, "us": med * 1e6, "min_us": min(ts) * 1e6,
                         "ratio_to_default": ratio, "gbs": gbs, "of_copy": gbs / copy_gbs, "agrees": outs[label][1],
+                        "bitwise": outs[label][2],
                         "rounds_us": [x * 1e6 for x in ts], "launch": kerns[label].source.launches[0].block,
                         "resources": _resources(kerns[label])})
             log(f"  interleaved {name} {label}: {med * 1e6:.2f} us (min {min(ts) * 1e6:.2f}, "
                 f"{100 * gbs / copy_gbs:.0f}% of copy, x{ratio:.3f} of default), agrees {outs[label][1]}, "
+                f"bitwise {outs[label][2]}, "
                 f"regs {out[-1]['resources'][0]['regs']}")
     return out
 

@@ -41,8 +41,9 @@ Map:
                             K rows per warp with the next row's register fill issued first (`ROW_PREFETCH`)
   _float_math               float32 exp / sin / cos of the prelude (bounds `FLOAT_MATH_ULP`; sin / cos select
                             between both polynomials, `SIN_SELECT`)
-  hl_fdiv_row               division by a row's scalar via one reciprocal per row + Markstein's correction, exact
-                            inside a range guard (`ROW_DIV_RCP`, `ROW_DIV_GROUPED`: one guard per float4; both off)
+  hl_fdiv_row               division by a row's scalar (`ROW_DIV_RCP`) or an expression of them (`ROW_DIV_EXPR`:
+                            layernorm's sqrt) via one reciprocal per row + Markstein's correction, exact inside a
+                            range guard (`ROW_DIV_GROUPED`: one guard per float4; all on since session 7b)
   _grid_stride              optional grid-stride block loop (`GRID_STRIDE_BLOCKS`)
 
 Semantics (the same as the CPU backend, `llvm_emit`):
@@ -593,11 +594,19 @@ ROW_PREFETCH_RELOAD = False
 #: kernels with lane-register rows: __launch_bounds__(threads, ROW_MIN_BLOCKS) (0: no minimum; a variant)
 ROW_MIN_BLOCKS = 0
 #: float32 division by a row's scalar (a size-1 local of a row-register kernel: softmax's sum) through one reciprocal
-#: per row and Markstein's correction (`hl_fdiv_row`, exactly the IEEE quotient inside its range guard; a variant)
-ROW_DIV_RCP = False
-#: with ROW_DIV_RCP, float4 output stores take the correction for their four quotients and one guard for all four
+#: per row and Markstein's correction (`hl_fdiv_row`, exactly the IEEE quotient inside its range guard; on since
+#: session 7b, with ROW_DIV_GROUPED: softmax 4096 x 1024 10.2 -> 9.1 us on the H200)
+ROW_DIV_RCP = True
+#: with ROW_DIV_RCP / ROW_DIV_EXPR, float4 stores take the correction for their four quotients, one guard for all four
 #: (`hl_fdiv_fast`, `hl_div_ok`; the four recomputed by division when any is outside it): one branch per float4
-ROW_DIV_GROUPED = False
+ROW_DIV_GROUPED = True
+#: a float32 division by an expression of a row's scalars and constants (layernorm's sqrt(var / n + eps), the same
+#: for every element of the row) through `hl_fdiv_row` too (nvcc evaluates the expression, its reciprocal and the
+#: divisor's half of the range guard once per row; on since session 7b: layernorm 8192 x 1024 21.0 -> 20.3 us)
+ROW_DIV_EXPR = True
+#: thread-local warp all-reduces (row kernels) over a multiple of 32 partials: every lane reads at least one, so
+#: the "has a value" flags (always true) and their shuffles are left out; the same values in the same order
+ROW_ALLREDUCE_FULL = False
 #: hl_fdiv_row: y = RN(1/b) (`__frcp_rn`, the same for every element of the row: nvcc computes it once), q = RN(a y),
 #: r = a - q b (exact: one fma), RN(q + r y) is the correctly rounded a / b (Markstein's theorem) when no step under- or
 #: overflows: |b| in [2^-24, 2^24] and |a| in [2^-54, 2^100] (then q >= 2^-78 and the remainder, a multiple of
@@ -1024,6 +1033,25 @@ class _Emitter:
         v = sanitize(s.var.name)
         nw = self.plan.block[0] // 32
 
+        full = ROW_ALLREDUCE_FULL and isinstance(s.const_extent, int) and s.const_extent % 32 == 0
+        if self._decl(st.buffer).scope == "local" and full:   # every lane reads E / 32 >= 1 partials: no flags
+            self.line(d, "{  // warp all-reduce (every lane has a partial)")
+            lane = "threadIdx.x" if self.plan.block[0] == 32 else "(threadIdx.x & 31)"
+            self.line(d + 1, f"{self.idx} {v} = ({self.idx}){lane};")
+            self.line(d + 1, f"{rt} {acc} = {self.expr(e)};")
+            self.line(d + 1, f"for ({v} += 32; {v} < {s.const_extent}; {v} += 32) {{")
+            self.line(d + 2, f"{rt} {x} = {self.expr(e)};")
+            self.line(d + 2, f"{acc} = {comb};")
+            self.line(d + 1, "}")
+            self.line(d + 1, "#pragma unroll")
+            self.line(d + 1, "for (int hl_o = 16; hl_o > 0; hl_o >>= 1) {")
+            self.line(d + 2, f"{rt} {x} = __shfl_xor_sync(0xffffffffu, {acc}, hl_o);")
+            self.line(d + 2, f"{acc} = {comb};")
+            self.line(d + 1, "}")
+            fin = Store(st.buffer, st.indices, Binary(op, Load(st.buffer, st.indices, dt), Var(acc, dt), dt))
+            self.store(fin, d + 1, bb, bt)
+            self.line(d, "}")
+            return
         if self._decl(st.buffer).scope == "local":   # thread-local total: butterfly, every lane gets it
             self.line(d, "{  // warp all-reduce")
             self.line(d + 1, f"{rt} {acc} = ({rt})0; bool {has} = false;")
@@ -1179,7 +1207,7 @@ class _Emitter:
                 at = tuple(substitute(i, {v: Const(j, INDEX)}) for i in body.indices)
                 self.line(dd, f"{sanitize(body.buffer)}[{self.offset(decl, at)}] = {self.expr(lane)};")
             else:
-                self.div_group = [] if ROW_DIV_RCP and ROW_DIV_GROUPED else None
+                self.div_group = [] if (ROW_DIV_RCP or ROW_DIV_EXPR) and ROW_DIV_GROUPED else None
                 self.line(dd, f"hl_vs{k}.{comps[j]} = {self.expr(lane)};")
                 divs += self.div_group or []
                 self.div_group = None
@@ -1299,7 +1327,8 @@ class _Emitter:
         if dt.is_float:
             rt = "double" if dt is DType.F64 else "float"
             sym = {Op.ADD: "+", Op.SUBTRACT: "-", Op.MULTIPLY: "*", Op.DIVIDE: "/"}.get(op)
-            if op is Op.DIVIDE and dt is DType.F32 and e.dtype is DType.F32 and self._row_scalar(e.b):
+            if (op is Op.DIVIDE and dt is DType.F32 and e.dtype is DType.F32 and self._row_scalar(e.b)
+                    and not self._row_expr(e.a)):   # a row-invariant quotient is computed once per row anyway
                 if self.div_group is not None:   # a grouped float4 store: its guard checks every quotient
                     self.div_group.append((a, b))
                     v = f"hl_fdiv_fast({a}, {b})"
@@ -1329,13 +1358,29 @@ class _Emitter:
         return self._int_binary(op, a, b, dt)
 
     def _row_scalar(self, e: Expr) -> bool:
-        """`e` is a row's scalar in a row-register kernel (a size-1 local buffer: a reduction's result), with
-        ROW_DIV_RCP on: the divisor `hl_fdiv_row` takes."""
-        if not (ROW_DIV_RCP and not self.plain_div and self.plan.lane_regs and isinstance(e, Load)
-                and e.buffer not in self.plan.lane_regs):
+        """`e` is a row's scalar in a row-register kernel, the divisor `hl_fdiv_row` takes: a size-1 local buffer (a
+        reduction's result: softmax's sum) with ROW_DIV_RCP on, or a float expression of such buffers and constants
+        (layernorm's sqrt(var / n + eps), at least one such buffer: not a constant) with ROW_DIV_EXPR on."""
+        if self.plain_div or not self.plan.lane_regs:
             return False
+        if isinstance(e, Load):
+            return ROW_DIV_RCP and self._row_local(e)
+        return (ROW_DIV_EXPR and self._row_expr(e)
+                and any(isinstance(n, Load) and n.buffer not in self.plan.lane_regs for n in walk(e)))
+
+    def _row_expr(self, e: Expr) -> bool:
+        """`e` is a float expression of constants and row scalars (`_row_local`) only."""
+        if isinstance(e, Load):
+            return self._row_local(e)
+        if isinstance(e, Const):
+            return True
+        return isinstance(e, Unary | Binary | Cast) and e.dtype.is_float and all(map(self._row_expr, children(e)))
+
+    def _row_local(self, e: Load) -> bool:
+        """`e` reads a size-1 local buffer that is not a lane-register row (a row's scalar)."""
         decl = self.bufs.get(e.buffer)
-        return decl is not None and decl.scope == "local" and math.prod(decl.shape) == 1
+        return (e.buffer not in self.plan.lane_regs and decl is not None and decl.scope == "local"
+                and math.prod(decl.shape) == 1 and all(isinstance(i, Const) for i in e.indices))
 
     def _index_binary(self, e: Binary, a: str, b: str) -> str:
         op = e.op
