@@ -3007,9 +3007,12 @@ def generate_cuda(func: LoopFunc) -> CudaSource:
     inputs = {b.name for b in func.inputs}
     launches = []
     body_text = []
+    tset = frozenset(a.buffer for a in temps)
+    if MERGE_SMALL_KERNELS and len(kernels) > 1:
+        kernels = _merge_small(kernels, lambda kern: _kernel("hl_probe", kern, params, inputs, idx, tset))
     for k, kern in enumerate(kernels):
         name = f"{base}_k{k}" if len(kernels) > 1 else base
-        text, launch = _kernel(name, kern, params, inputs, idx, frozenset(a.buffer for a in temps))
+        text, launch = _kernel(name, kern, params, inputs, idx, tset)
         body_text.append(text)
         launches.append(launch)
     if any("hl_cp_commit();" in t for t in body_text):
@@ -3022,6 +3025,87 @@ def generate_cuda(func: LoopFunc) -> CudaSource:
         head.append(ROW_DIV_PRELUDE)
     temp_decls = tuple(BufferDecl(a.buffer, a.shape, a.dtype, "global") for a in temps)
     return CudaSource(func, "\n".join(head + body_text) + "\n", tuple(launches), temp_decls, 32 if idx == "int" else 64)
+
+
+#: consecutive small kernels of one function (one block, or at most SMALL_GRID blocks of at most SMALL_WORK stores in
+#: all, whose block loops then run serially) become one kernel, a __syncthreads between them (`_merge_small`): a
+#: launch costs a few microseconds on the device, more than such a kernel's work (mlp_train_step: 23 kernels, most
+#: of one block)
+MERGE_SMALL_KERNELS = True
+SMALL_GRID = 8
+SMALL_WORK = 1 << 14
+
+
+def _work(s: Stmt) -> float:
+    """Stores executed by `s` (every loop counted, bound or not); inf when an extent is not constant."""
+    if isinstance(s, Store):
+        return 1
+    if isinstance(s, For):
+        n = s.const_extent
+        return math.inf if n is None else n * _work(s.body)
+    return sum(_work(c) for c in _children(s))
+
+
+def _one_block(kern: Stmt) -> Stmt | None:
+    """`kern` as a one-block kernel: as it is when it binds no block loop of extent above 1; its block loops made
+    serial when they are at most SMALL_GRID blocks and it is at most SMALL_WORK stores; else None."""
+    blocks = [f for f in walk_stmts(kern) if isinstance(f, For) and f.kind in _BLOCK]
+    if all(f.const_extent == 1 for f in blocks):
+        return kern
+    if math.prod(f.const_extent or math.inf for f in blocks) > SMALL_GRID or _work(kern) > SMALL_WORK:
+        return None
+    return _map_for(kern, lambda f: For(f.var, f.min, f.extent, ForKind.SERIAL, f.body, f.annotations)
+                    if f.kind in _BLOCK else f)
+
+
+def _map_for(s: Stmt, fn) -> Stmt:
+    if isinstance(s, For):
+        return fn(For(s.var, s.min, s.extent, s.kind, _map_for(s.body, fn), s.annotations))
+    if isinstance(s, Seq):
+        return Seq(tuple(_map_for(c, fn) for c in s.body))
+    if isinstance(s, If):
+        return If(s.cond, _map_for(s.then, fn), None if s.otherwise is None else _map_for(s.otherwise, fn))
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, s.dtype, s.shape, s.scope, _map_for(s.body, fn))
+    return s
+
+
+def _merge_small(kernels: list[Stmt], compile_) -> list[Stmt]:
+    """Runs of consecutive one-block kernels (`_one_block`) joined into one kernel, a Barrier between them (their
+    global intermediates are written and read by the block's threads).  A join is kept when the joined kernel
+    compiles (`compile_`: CompileError otherwise) to one block of one dimension (a named per-row barrier or a
+    2-D block would not order the whole block); else the run ends there."""
+    out: list[Stmt] = []
+    run: list[Stmt] = []      # the current joined run (one-block kernels)
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(orig[id(run[0])])
+        elif run:
+            out.append(Seq(tuple(x for i, k in enumerate(run) for x in ((Barrier(), k) if i else (k,)))))
+        run.clear()
+
+    orig: dict[int, Stmt] = {}
+    for kern in kernels:
+        one = _one_block(kern)
+        if one is None:
+            flush()
+            out.append(kern)
+            continue
+        orig[id(one)] = kern
+        if run:
+            joined = Seq(tuple(x for i, k in enumerate(run + [one]) for x in ((Barrier(), k) if i else (k,))))
+            try:
+                _, launch = compile_(joined)
+                ok = launch.grid == (1, 1, 1) and launch.block[1:] == (1, 1)
+            except CompileError:
+                ok = False
+            if not ok:
+                flush()
+                orig[id(one)] = kern
+        run.append(one)
+    flush()
+    return out
 
 
 def _stmt_exprs(s: Stmt):
