@@ -32,6 +32,8 @@ reduction computed inside its elementwise consumer's thread loop (Ansor's "fuse 
 
 from __future__ import annotations
 
+import math
+
 from ..ir.expr import Binary, ComputeDef, Load, Stage, Unary, walk
 from ..ir.hlo import Op
 from ..target import Target
@@ -120,6 +122,10 @@ def _schedule(cd: ComputeDef, max_threads: int, threads: int) -> list[Step]:
         if prod is not None:
             done.add(prod.name)
             steps += _tiled(cd, stage.name, prod.name, stage.axes, prod, max_threads)
+        elif _skinny_dot(stage):
+            red = [a.name for a in stage.reduce_axes]
+            steps += _warp_row_reduction(stage.name, [a.name for a in stage.axes], red,
+                                         math.prod(a.extent for a in stage.reduce_axes), _work(stage))
         elif _is_tiled_reduction(stage):
             steps.append(CacheWrite(stage.name, "local"))
             steps += _tiled(cd, stage.name, stage.name + ".local", stage.axes, stage, max_threads)
@@ -293,6 +299,26 @@ def _is_tiled_reduction(stage: Stage) -> bool:
     if stage.axes[-1].extent < 2 or stage.axes[-2].extent < 2:
         return False
     return any(isinstance(e, Binary) and e.op is Op.MULTIPLY for e in walk(stage.body))
+
+
+#: a dot with few rows or columns and few outputs (mlp's last layer and its gradients: [256, 256] x [256, 10],
+#: [10, 256] x [256, 256]) gets one warp
+#: per output (the lanes split the reduction, warp shuffles for the total: `_warp_row_reduction`) instead of register
+#: tiles: 2,560 outputs as tiles were 4 blocks of 80 threads, each thread 256-512 products in sequence (H200, one
+#: kernel launched back to back: 11-27 us for 1.3-2.6 MFLOP)
+SKINNY_DOT_N = 16
+SKINNY_DOT_OUTPUTS = 1 << 14
+SKINNY_DOT_MIN_K = 64
+
+
+def _skinny_dot(stage: Stage) -> bool:
+    """A dot-like reduction (`_is_tiled_reduction`) with at most SKINNY_DOT_N rows or columns, at most
+    SKINNY_DOT_OUTPUTS outputs and a reduction of at least SKINNY_DOT_MIN_K (the default only)."""
+    if _RNG is not None or "tiles" in _OPTS or not _OPTS.get("skinny_dot", True) or not _is_tiled_reduction(stage):
+        return False
+    k = math.prod(a.extent for a in stage.reduce_axes)
+    narrow = min(stage.axes[-1].extent, stage.axes[-2].extent)
+    return narrow <= SKINNY_DOT_N and _work(stage) <= SKINNY_DOT_OUTPUTS and k >= SKINNY_DOT_MIN_K
 
 
 def _fusable_producer(cd: ComputeDef, stage: Stage, cons: dict[str, list[str]], inlined: set[str]) -> Stage | None:
@@ -626,7 +652,34 @@ def _reduction(stage: Stage, threads: int) -> list[Step]:
         return _full_reduction(stage, threads)
     if _contiguous_in(stage, red[-1]) and rn >= 64:
         return _row_reduction(name, space, red, rn, threads, _work(stage))
+    col = _column_reduction(stage)
+    if col is not None:
+        return col
     return _elementwise(name, stage.axes, threads)  # one thread per output, serial reduction
+
+
+#: a reduction over rows (column sums: the reduce axis is not the contiguous one) with few outputs: each block 32
+#: columns (threadIdx.x, coalesced) times COLUMN_SPLIT slices of the rows (threadIdx.y), the slices' partials summed
+#: by threadIdx.y 0 through shared memory; else one thread per output sums its whole column (mlp_train_step's bias
+#: gradient, 256 columns of 256 rows: one block of 256 threads, each 256 loads in sequence)
+COLUMN_SPLIT = 16
+COLUMN_MAX_OUTPUTS = 1 << 14
+
+
+def _column_reduction(stage: Stage) -> list[Step] | None:
+    space, red = stage.axes, stage.reduce_axes
+    if (_RNG is not None or not _OPTS.get("column_split", True) or len(red) != 1 or not space
+            or space[-1].extent % 32 or _work(stage) > COLUMN_MAX_OUTPUTS or red[0].extent < 4 * COLUMN_SPLIT
+            or red[0].extent % COLUMN_SPLIT or not _contiguous_in(stage, space[-1].name)):
+        return None
+    name, r = stage.name, red[0].name
+    steps: list[Step] = [Split(name, r, (COLUMN_SPLIT,)), RFactor(name, f"{r}.1")]
+    rf = name + ".rf"
+    fs, j = _fuse_all(name, [a.name for a in space])
+    steps += fs + [Split(name, j, (32,)), Annotate(name, f"{j}.0", ForKind.BLOCK_X),
+                   Annotate(name, f"{j}.1", ForKind.THREAD_X), ComputeAt(rf, name, f"{j}.1"),
+                   Annotate(rf, f"{r}.1", ForKind.THREAD_Y)]
+    return steps
 
 
 def _fuse_all(name: str, iters: list[str]) -> tuple[list[Step], str]:

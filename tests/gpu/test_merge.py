@@ -62,3 +62,22 @@ def test_joined_kernels_compute_the_algorithm(model, monkeypatch):
                 np.testing.assert_allclose(o, w, rtol=1e-4, atol=1e-5, err_msg=f"{model}/{sg.name}")
     if model == "mlp_train_step":
         assert joined >= 5
+
+
+@pytest.mark.parametrize("model,name", [("mlp_train_step", "dot_general.6"), ("mlp_train_step", "dot_general.7"),
+                                        ("mlp_train_step", "reduce_sum.70"), ("mlp2", "dot_general.3")])
+def test_small_reductions_compute_the_algorithm(model, name, monkeypatch):
+    """One warp per output of a skinny dot, a column sum split over threadIdx.y (`default_gpu._skinny_dot`,
+    `_column_reduction`; tests/null/test_gpu_small_reductions.py) on the GPU against the algorithm."""
+    import hlotune
+    from tests.conftest import model_path
+
+    sg = {s.name: s for s in hlotune.load_model(str(model_path(model, "bench.hlo"))).frontend.subgraphs}[name]
+    cd = sg.workload.compute
+    args, full = _args(sg, seed=5)
+    want = evaluate_compute(cd, args)
+    kern = _build(cd, f"small_{model}_{name}", True, monkeypatch)
+    outs = [np.full(w.shape, np.nan, w.dtype) for w in want]
+    kern(*full, *outs)
+    for o, w in zip(outs, want):
+        np.testing.assert_allclose(o, w, rtol=1e-4, atol=1e-4, err_msg=f"{model}/{name}")
