@@ -1033,38 +1033,29 @@ class _Emitter:
         v = sanitize(s.var.name)
         nw = self.plan.block[0] // 32
 
-        full = ROW_ALLREDUCE_FULL and isinstance(s.const_extent, int) and s.const_extent % 32 == 0
-        if self._decl(st.buffer).scope == "local" and full:   # every lane reads E / 32 >= 1 partials: no flags
-            self.line(d, "{  // warp all-reduce (every lane has a partial)")
-            lane = "threadIdx.x" if self.plan.block[0] == 32 else "(threadIdx.x & 31)"
-            self.line(d + 1, f"{self.idx} {v} = ({self.idx}){lane};")
-            self.line(d + 1, f"{rt} {acc} = {self.expr(e)};")
-            self.line(d + 1, f"for ({v} += 32; {v} < {s.const_extent}; {v} += 32) {{")
-            self.line(d + 2, f"{rt} {x} = {self.expr(e)};")
-            self.line(d + 2, f"{acc} = {comb};")
-            self.line(d + 1, "}")
-            self.line(d + 1, "#pragma unroll")
-            self.line(d + 1, "for (int hl_o = 16; hl_o > 0; hl_o >>= 1) {")
-            self.line(d + 2, f"{rt} {x} = __shfl_xor_sync(0xffffffffu, {acc}, hl_o);")
-            self.line(d + 2, f"{acc} = {comb};")
-            self.line(d + 1, "}")
-            fin = Store(st.buffer, st.indices, Binary(op, Load(st.buffer, st.indices, dt), Var(acc, dt), dt))
-            self.store(fin, d + 1, bb, bt)
-            self.line(d, "}")
-            return
         if self._decl(st.buffer).scope == "local":   # thread-local total: butterfly, every lane gets it
-            self.line(d, "{  // warp all-reduce")
-            self.line(d + 1, f"{rt} {acc} = ({rt})0; bool {has} = false;")
+            # with ROW_ALLREDUCE_FULL over a multiple of 32 partials every lane reads E / 32 >= 1 of them: no flags
+            full = ROW_ALLREDUCE_FULL and isinstance(s.const_extent, int) and s.const_extent % 32 == 0
+            self.line(d, "{  // warp all-reduce" + (" (every lane has a partial)" if full else ""))
             lane = "threadIdx.x" if self.plan.block[0] == 32 else "(threadIdx.x & 31)"   # every warp: all of E
-            self.line(d + 1, f"for ({self.idx} {v} = ({self.idx}){lane}; {v} < {s.const_extent}; {v} += 32) {{")
+            if full:
+                self.line(d + 1, f"{self.idx} {v} = ({self.idx}){lane};")
+                self.line(d + 1, f"{rt} {acc} = {self.expr(e)};")
+                self.line(d + 1, f"for ({v} += 32; {v} < {s.const_extent}; {v} += 32) {{")
+            else:
+                self.line(d + 1, f"{rt} {acc} = ({rt})0; bool {has} = false;")
+                self.line(d + 1, f"for ({self.idx} {v} = ({self.idx}){lane}; {v} < {s.const_extent}; {v} += 32) {{")
             self.line(d + 2, f"{rt} {x} = {self.expr(e)};")
-            self.line(d + 2, f"{acc} = {has} ? {comb} : {x}; {has} = true;")
+            self.line(d + 2, f"{acc} = {comb};" if full else f"{acc} = {has} ? {comb} : {x}; {has} = true;")
             self.line(d + 1, "}")
             self.line(d + 1, "#pragma unroll")
             self.line(d + 1, "for (int hl_o = 16; hl_o > 0; hl_o >>= 1) {")
             self.line(d + 2, f"{rt} {x} = __shfl_xor_sync(0xffffffffu, {acc}, hl_o);")
-            self.line(d + 2, f"bool hl_h = __shfl_xor_sync(0xffffffffu, (int){has}, hl_o) != 0;")
-            self.line(d + 2, f"if (hl_h) {{ {acc} = {has} ? {comb} : {x}; {has} = true; }}")
+            if full:
+                self.line(d + 2, f"{acc} = {comb};")
+            else:
+                self.line(d + 2, f"bool hl_h = __shfl_xor_sync(0xffffffffu, (int){has}, hl_o) != 0;")
+                self.line(d + 2, f"if (hl_h) {{ {acc} = {has} ? {comb} : {x}; {has} = true; }}")
             self.line(d + 1, "}")
             fin = Store(st.buffer, st.indices, Binary(op, Load(st.buffer, st.indices, dt), Var(acc, dt), dt))
             self.store(fin, d + 1, bb, bt)

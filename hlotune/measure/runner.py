@@ -35,9 +35,10 @@ Per candidate, in the runner:
      cache (at most FLUSH_MAX_BYTES) is written before each repeat and `number` is 1 (each cost is one cold call).
   5. early cutoff: when the first repeat is slower than `cutoff_s` per call, and so was the checked call (one slow
      observation on a busy machine is not enough: a cold call faster than the cutoff means the repeat was
-     disturbed), the candidate stops there and is valid with that one repeat (the LocalRunner sets `cutoff_s` = `cutoff` x the task's best given by
-     `set_best`, setting `measure_cutoff`, default 1.5): a schedule clearly slower than the best is not worth
-     timing in full, and one repeat of it is still a real, checked measurement the cost model learns from.
+     disturbed), the candidate stops there and is valid with that one repeat (the LocalRunner sets `cutoff_s` =
+     `cutoff` x the task's best given by `set_best`, setting `measure_cutoff`, default 1.5): a schedule clearly
+     slower than the best is not worth timing in full, and one repeat of it is still a real, checked measurement
+     the cost model learns from.
      When the checked call itself (a cold call: it can only be slower than a warm one) took more than
      CHECK_CUTOFF x `cutoff_s`, the candidate stops before the warm-up, valid with that one call as its cost;
      and when both of its first two repeats are over `cutoff2_s` (SECOND_CUTOFF x the best: it cannot be a new

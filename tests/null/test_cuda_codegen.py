@@ -105,7 +105,6 @@ def _generic(f, monkeypatch):
 
 
 def test_shared_memory_fetches_are_fenced(sources, monkeypatch):
-    by = {label: src for label, _, src in sources}
     src = _generic({label: f for label, f, _ in sources}["matmul/dot_general.1"], monkeypatch)
     text = src.text
     assert "__shared__" in text and src.launches[0].shared_bytes > 0

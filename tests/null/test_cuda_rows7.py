@@ -63,12 +63,13 @@ extern "C" long exhaustive(float b, unsigned ea) {
 """
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def gxx_division_lib(tmp_path_factory, tag: str, shim: str):
+    """`shim` (C++ with an `exhaustive(float, unsigned)` entry) built with g++ as a shared library (IEEE float
+    arithmetic, no contraction), loaded; the test is skipped without g++."""
     if GXX is None:
         pytest.skip("g++ not found")
-    d = tmp_path_factory.mktemp("rowdiv")
-    (d / "div.cpp").write_text(_SHIM)
+    d = tmp_path_factory.mktemp(tag)
+    (d / "div.cpp").write_text(shim)
     r = subprocess.run([GXX, "-std=c++17", "-O2", "-ffp-contract=off", "-fno-fast-math", "-w", "-shared", "-fPIC",
                         str(d / "div.cpp"), "-o", str(d / "div.so")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -76,6 +77,11 @@ def lib(tmp_path_factory):
     so.exhaustive.restype = ctypes.c_long
     so.exhaustive.argtypes = [ctypes.c_float, ctypes.c_uint]
     return so
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    return gxx_division_lib(tmp_path_factory, "rowdiv", _SHIM)
 
 
 def _same(got: np.ndarray, want: np.ndarray) -> np.ndarray:

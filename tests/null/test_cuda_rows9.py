@@ -23,7 +23,7 @@ from hlotune.codegen.cuda import generate_cuda
 from hlotune.schedule_space.default_gpu import default_gpu_schedule
 from hlotune.schedule_space.lower import lower
 from tests.null.test_cuda_rows6 import _subgraph
-from tests.null.test_cuda_rows7 import _SHIM, _same
+from tests.null.test_cuda_rows7 import _SHIM, _same, gxx_division_lib
 
 GXX = shutil.which("g++")
 NVCC = shutil.which("nvcc")
@@ -35,17 +35,7 @@ OFF = {"ROW_DIV_RCP": False, "ROW_DIV_EXPR": False, "ROW_DIV_GROUPED": False, "R
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    if GXX is None:
-        pytest.skip("g++ not found")
-    d = tmp_path_factory.mktemp("rowdiv9")
-    (d / "div.cpp").write_text(_SHIM)
-    r = subprocess.run([GXX, "-std=c++17", "-O2", "-ffp-contract=off", "-fno-fast-math", "-w", "-shared", "-fPIC",
-                        str(d / "div.cpp"), "-o", str(d / "div.so")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    so = ctypes.CDLL(str(d / "div.so"))
-    so.exhaustive.restype = ctypes.c_long
-    so.exhaustive.argtypes = [ctypes.c_float, ctypes.c_uint]
-    return so
+    return gxx_division_lib(tmp_path_factory, "rowdiv9", _SHIM)
 
 
 def _divisor(v: np.ndarray) -> np.ndarray:
