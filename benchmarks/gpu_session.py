@@ -179,6 +179,14 @@ MATMUL_VARIANTS = {  # label -> ((MR, NR, TI, TJ, BK), GEMM template: True / Fal
     # session 6: 8x8 as 2 x 2 quads of 4x4, fragments double-buffered in registers (codegen.cuda.GEMM_QUADS, off
     # by default: 42.1k against 43.2k GFLOP/s for 16x4 at 4096^3)
     "8x8/16x16/bk8 quads": ((8, 8, 16, 16, 8), {"GEMM_STAGES": 0, "GEMM_QUADS": True, "GEMM_QUADS_MIN_BLOCKS": 0}),
+    # session 7: 128 threads, 128x128 block tiles, 8x16 / 16x8 per thread as quads of 4x4, a cp.async ring of S
+    # stages, the tile moved to the loop nest's layout after the K loop (codegen.cuda_ffma7, GEMM_FFMA7)
+    **{f"{t} ffma7 {st}": (tiles, {"GEMM_FFMA7": True, "GEMM_FFMA7_STAGES": st, "GEMM_FFMA7_MIN_BLOCKS": 0,
+                                   "GEMM_STAGES": 0})
+       for t, tiles, sts in (("8x16/16x8/bk8", (8, 16, 16, 8, 8), (2, 3, 4)),
+                             ("8x16/16x8/bk16", (8, 16, 16, 8, 16), (2,)),
+                             ("16x8/8x16/bk8", (16, 8, 8, 16, 8), (3,)))
+       for st in sts},
     **{f"{t} cp.async {st} {'A row' if row else 'A^T'}":
        (tiles, {"GEMM_STAGES": st, "GEMM_A_ROW": bool(row), **ASYNC_ALWAYS})
        for t, tiles, cfg in (("16x4/8x32/bk8", (16, 4, 8, 32, 8), ((3, 0), (3, 1), (4, 1))),

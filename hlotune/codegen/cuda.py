@@ -127,6 +127,7 @@ from ..schedule_space.loop_ir import (
     Store,
     walk_stmts,
 )
+from .cuda_ffma7 import ffma7_fits, ffma7_shared_bytes, ffma7_stages, ffma7_text
 
 STATIC_SHARED_LIMIT = 48 * 1024
 
@@ -1725,6 +1726,16 @@ GEMM_ASYNC_MR8_BLOCKS = 256
 GEMM_QUADS = False
 #: ... in grids of at least this many blocks (big dots only)
 GEMM_QUADS_MIN_BLOCKS = 512
+#: session 7 (issue #7): 128x128 block tiles on 128 threads (2 x 2 warps of 64x64), 8x16 or 16x8 per thread as quads
+#: of 4x4, the next k's fragments read before the current k's FFMAs, a cp.async ring of GEMM_FFMA7_STAGES stages
+#: (A transposed by 4-byte copies), the tile moved to the loop nest's register tile through shared memory after the
+#: K loop (`codegen.cuda_ffma7`); for the tilings it takes (`ffma7_fits`) in grids of at least
+#: GEMM_FFMA7_MIN_BLOCKS blocks.  Off: slower on the H200 (logs/gpu_s7g, same call, 4096^3: 8x16 BK 8 38.6k GFLOP/s
+#: at 2-4 stages, BK 16 2 stages 41.7k, 16x8 BK 8 40.6k, against 43.1k for the 16x4 default; 254-255 registers, no
+#: spill); a variant of `gpu_session.py --variants matmul` (tiles (8, 16, 16, 8, BK) or (16, 8, 8, 16, BK))
+GEMM_FFMA7 = False
+GEMM_FFMA7_STAGES = 3
+GEMM_FFMA7_MIN_BLOCKS = 512
 
 
 @dataclass(frozen=True)
@@ -1750,9 +1761,12 @@ class _Gemm:
     mma: int = 0        # tensor cores (`_gemm_mma_text`): TF32 passes per product, 3 (3xTF32) or 1; 0: FFMA
     pad_a: int = 4      # mma: floats of padding per row of A's shared tile (`_mma_pad_a`)
     quads: bool = False     # FFMA 8x8 as 2 x 2 quads of 4x4 (`GEMM_QUADS`, `_gemm_quads_text`)
+    ffma7: int = 0      # > 0: the 128-thread 128x128 template of `cuda_ffma7` with a ring of this many stages
 
     @property
     def shared_bytes(self) -> int:
+        if self.ffma7:
+            return ffma7_shared_bytes(self, self.ffma7)
         if self.quads:      # the two stages, or half of the block tile for the move to the loop nest's layout
             return 4 * max(2 * self.bk * (self.bm + 4 + self.bn), self.bm * self.bn // 2)
         if self.mma:    # the ring, and with `GEMM_MMA_B_PLANES` B's small TF32 plane (3xTF32)
@@ -1880,6 +1894,8 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
     tc = dict(s.annotations).get("tensor_core", 0)
     if tc in MMA_PASSES and GEMM_MMA and _mma_fits(g):
         g = _mma_gemm(g, int(tc))
+    elif GEMM_FFMA7 and ffma7_fits(g, STATIC_SHARED_LIMIT) and plan.grid[0] >= GEMM_FFMA7_MIN_BLOCKS:
+        g = dataclasses.replace(g, ffma7=ffma7_stages(g, GEMM_FFMA7_STAGES, STATIC_SHARED_LIMIT))
     elif _quads_fit(g) and plan.grid[0] >= GEMM_QUADS_MIN_BLOCKS:
         g = dataclasses.replace(g, quads=True)
     elif GEMM_STAGES >= 2 and mr <= GEMM_ASYNC_MAX_MR and (mr < 8 or plan.grid[0] >= GEMM_ASYNC_MR8_BLOCKS):
@@ -1971,6 +1987,8 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     (`_gemm_mma_text`)."""
     if g.mma:
         return _gemm_mma_text(g, acc, a, b)
+    if g.ffma7:     # session 7: 128 threads, 128x128, 8x16 / 16x8 in quads, a cp.async ring
+        return ffma7_text(g, acc, a, b, g.ffma7)
     if g.stages >= 2:
         return _gemm_async_text(g, acc, a, b)
     if g.quads:

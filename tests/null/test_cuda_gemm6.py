@@ -101,12 +101,13 @@ extern "C" void hl_run(const float* a, const float* b, float* c, int blocks, int
 """
 
 
-def _run_on_cpu(src, a, b, out_shape, tmp_path, tag):
+def _run_on_cpu(src, a, b, out_shape, tmp_path, tag, shim: str = _SHIM):
+    """The generated GEMM kernel of `src` run on the CPU (g++, `shim` for the CUDA names): C of `out_shape`."""
     text = src.text
     kern = text[text.index('extern "C" __global__'):]
     name = re.search(r"\)\s*(\w+)\(const float\*", kern).group(1)
     cpp = tmp_path / f"{tag}.cpp"
-    cpp.write_text(_SHIM + kern + _RUN.replace("KERNEL", name))
+    cpp.write_text(shim + kern + _RUN.replace("KERNEL", name))
     so = tmp_path / f"{tag}.so"
     r = subprocess.run([GXX, "-std=c++20", "-O1", "-ffp-contract=off", "-w", "-shared", "-fPIC", "-pthread",
                         str(cpp), "-o", str(so)], capture_output=True, text=True, timeout=240)
