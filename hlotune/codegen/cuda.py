@@ -45,6 +45,8 @@ Map:
                             layernorm's sqrt) via one reciprocal per row + Markstein's correction, exact inside a
                             range guard (`ROW_DIV_GROUPED`: one guard per float4; all on since session 7b)
   _grid_stride              optional grid-stride block loop (`GRID_STRIDE_BLOCKS`)
+  _merge_small              consecutive small kernels of one function joined into one, a barrier between them
+                            (`MERGE_SMALL_KERNELS`)
 
 Semantics (the same as the CPU backend, `llvm_emit`):
 - A loop bound to blockIdx.* / threadIdx.* runs its iterations in parallel: the variable is the hardware

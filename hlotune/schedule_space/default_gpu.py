@@ -20,7 +20,11 @@ Map:
   _row_reduction(R)       rows up to 2048 long (>= 1024 rows): one warp per row, 8 rows per block
                           (threadIdx.x lanes, threadIdx.y rows, warp shuffles); longer rows: one block per row,
                           rfactor over threadIdx.x (cross-thread reduction of the partials)
-  _column_reduction(R)    outputs spread over threads (serial reduction per thread; coalesced reads)
+  _column_reduction(R)    column sums with few outputs: 32 columns x COLUMN_SPLIT row slices per block
+                          (threadIdx.x, threadIdx.y), the slices combined by row 0; else outputs spread over
+                          threads (serial reduction per thread; coalesced reads)
+  _skinny_dot(S)          a dot with <= 16 rows or columns and few outputs: one warp per output
+                          (`_warp_row_reduction` over K) instead of register tiles
   _full_reduction(R)      partial sums per (block, thread) into a global temporary, then one combine
   _elementwise(S)         fuse, then blockIdx.x / threadIdx.x / vectorized 4 (one float4 load and store per
                           thread) where 4 divides the size; else blockIdx.x / unrolled / threadIdx.x
