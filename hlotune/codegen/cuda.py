@@ -1980,6 +1980,17 @@ def _double_buffered_k_loop(kt: int, bk: int, mr: int, nr: int, acc: str, load_n
             "  }"]
 
 
+def _gemm_block_pointers(g: _Gemm, a: str, b: str) -> list[str]:
+    """The GEMM templates' first lines after the shared declarations: thread and block index, the block's tile
+    (column, row, batch: column tiles vary fastest) and its A and B pointers."""
+    nbj, nbi = g.n // g.bn, g.m // g.bm
+    return ["  const int hl_tid = threadIdx.x, hl_bid = blockIdx.x;",
+            f"  const int hl_bj = hl_bid % {nbj}, hl_bi = (hl_bid / {nbj}) % {nbi}, hl_bb = hl_bid / {nbj * nbi};",
+            f"  const float* __restrict__ hl_A = {a} + (long long)hl_bb * {g.a_batch}LL + (long long)hl_bi * "
+            f"{g.bm * g.k}LL;",
+            f"  const float* __restrict__ hl_B = {b} + (long long)hl_bb * {g.b_batch}LL + hl_bj * {g.bn};"]
+
+
 def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     """CUDA C lines of the GEMM template: double-buffered shared tiles (one barrier per K tile, the next tile
     loaded into registers while the current one is computed), float4 global loads, A stored transposed in
@@ -2001,16 +2012,11 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     ga = f"if (hl_tid < {na}) " if na < g.threads else ""
     gb = f"if (hl_tid < {nb}) " if nb < g.threads else ""
     ap = g.bm + 4      # padded row of the transposed A tile
-    nbj, nbi = g.n // g.bn, g.m // g.bm
     kt = g.k // g.bk
     o = [f"{{  // GEMM template: {g.bm}x{g.bn}x{g.bk} tile, {g.mr}x{g.nr} per thread, double-buffered",
          f"  __shared__ __align__(16) float hl_As[2][{g.bk}][{ap}];",
          f"  __shared__ __align__(16) float hl_Bs[2][{g.bk}][{g.bn}];",
-         "  const int hl_tid = threadIdx.x, hl_bid = blockIdx.x;",
-         f"  const int hl_bj = hl_bid % {nbj}, hl_bi = (hl_bid / {nbj}) % {nbi}, hl_bb = hl_bid / {nbj * nbi};",
-         f"  const float* __restrict__ hl_A = {a} + (long long)hl_bb * {g.a_batch}LL + (long long)hl_bi * "
-         f"{g.bm * g.k}LL;",
-         f"  const float* __restrict__ hl_B = {b} + (long long)hl_bb * {g.b_batch}LL + hl_bj * {g.bn};",
+         *_gemm_block_pointers(g, a, b),
          f"  const int hl_r0 = (hl_tid / {tj}) * {g.mr}, hl_c0 = (hl_tid % {tj}) * {g.nr};",
          f"  float4 hl_ra[{la}], hl_rb[{lb}];"]
     # A float4 number q = tid + l*T: row q / (BK/4), k offset (q % (BK/4)) * 4; B: row q / (BN/4), col (q % (BN/4))*4
@@ -2072,18 +2078,13 @@ def _gemm_quads_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     registers hl_c, each k's A and B fragments (2 + 2 float4) read before the previous k's FFMAs.  After the K loop
     the tile goes through shared memory, half a block tile at a time, into `acc` at the loop nest's layout (rows
     (tid / 16) * 8 + i, columns (tid % 16) * 8 + j).  Every output is the same k-ordered sum as `gemm_text`'s."""
-    nbj, nbi = g.n // g.bn, g.m // g.bm
     kt, ap, hm, hn = g.k // g.bk, g.bm + 4, g.bm // 2, g.bn // 2
     sm = g.shared_bytes // 4
     o = [f"{{  // GEMM template: {g.bm}x{g.bn}x{g.bk} tile, 8x8 per thread in 2 x 2 quads, double-buffered",
          f"  __shared__ __align__(16) float hl_sm[{sm}];",
          f"  float (*hl_As)[{g.bk}][{ap}] = reinterpret_cast<float (*)[{g.bk}][{ap}]>(hl_sm);",
          f"  float (*hl_Bs)[{g.bk}][{g.bn}] = reinterpret_cast<float (*)[{g.bk}][{g.bn}]>(hl_sm + {2 * g.bk * ap});",
-         "  const int hl_tid = threadIdx.x, hl_bid = blockIdx.x;",
-         f"  const int hl_bj = hl_bid % {nbj}, hl_bi = (hl_bid / {nbj}) % {nbi}, hl_bb = hl_bid / {nbj * nbi};",
-         f"  const float* __restrict__ hl_A = {a} + (long long)hl_bb * {g.a_batch}LL + (long long)hl_bi * "
-         f"{g.bm * g.k}LL;",
-         f"  const float* __restrict__ hl_B = {b} + (long long)hl_bb * {g.b_batch}LL + hl_bj * {g.bn};",
+         *_gemm_block_pointers(g, a, b),
          "  const int hl_w = hl_tid >> 5, hl_l = hl_tid & 31;",
          "  const int hl_ty = (hl_w >> 1) * 4 + (hl_l >> 3), hl_tx = (hl_w & 1) * 8 + (hl_l & 7);",
          "  const int hl_ra0 = hl_ty * 4, hl_cb0 = hl_tx * 4;",
@@ -2226,7 +2227,6 @@ def _gemm_async_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     ga = f"if (hl_tid < {na}) " if na < g.threads else ""
     gb = f"if (hl_tid < {nb}) " if nb < g.threads else ""
     st = g.stages
-    nbj, nbi = g.n // g.bn, g.m // g.bm
     kt = g.k // g.bk
     ka, nb4 = g.bk // 4, g.bn // 4
     split = g.nr == 8 and GEMM_SPLIT_B
@@ -2236,11 +2236,7 @@ def _gemm_async_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
          f"{', A row-major' if g.a_row else ''}",
          a_decl,
          f"  __shared__ __align__(16) float hl_Bs[{st}][{g.bk}][{g.bn}];",
-         "  const int hl_tid = threadIdx.x, hl_bid = blockIdx.x;",
-         f"  const int hl_bj = hl_bid % {nbj}, hl_bi = (hl_bid / {nbj}) % {nbi}, hl_bb = hl_bid / {nbj * nbi};",
-         f"  const float* __restrict__ hl_A = {a} + (long long)hl_bb * {g.a_batch}LL + (long long)hl_bi * "
-         f"{g.bm * g.k}LL;",
-         f"  const float* __restrict__ hl_B = {b} + (long long)hl_bb * {g.b_batch}LL + hl_bj * {g.bn};",
+         *_gemm_block_pointers(g, a, b),
          f"  const int hl_r0 = (hl_tid / {tj}) * {g.mr}, hl_c0 = (hl_tid % {tj}) * {g.nr};"]
 
     def issue(kexpr: str, sexpr: str) -> list[str]:
@@ -2445,7 +2441,7 @@ def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     la, lb = max(1, na // g.threads), max(1, nb // g.threads)
     ga = f"if (hl_tid < {na}) " if na < g.threads else ""
     gb = f"if (hl_tid < {nb}) " if nb < g.threads else ""
-    st, nbj, nbi, kt = g.stages, g.n // g.bn, g.m // g.bm, g.k // g.bk
+    st, kt = g.stages, g.k // g.bk
     half, nv = g.nr // 2, g.nr // 8
     three = g.mma == 3
     planes = GEMM_MMA_B_PLANES
@@ -2456,11 +2452,7 @@ def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
          f"  __shared__ __align__(16) float hl_Bs[{st}][{g.bk}][{g.bn}];",
          *([f"  __shared__ __align__(16) unsigned hl_Bsm[{g.bk}][{g.bn}];   // B's small TF32 words"]
            if planes and three else []),
-         "  const int hl_tid = threadIdx.x, hl_bid = blockIdx.x;",
-         f"  const int hl_bj = hl_bid % {nbj}, hl_bi = (hl_bid / {nbj}) % {nbi}, hl_bb = hl_bid / {nbj * nbi};",
-         f"  const float* __restrict__ hl_A = {a} + (long long)hl_bb * {g.a_batch}LL + (long long)hl_bi * "
-         f"{g.bm * g.k}LL;",
-         f"  const float* __restrict__ hl_B = {b} + (long long)hl_bb * {g.b_batch}LL + hl_bj * {g.bn};",
+         *_gemm_block_pointers(g, a, b),
          f"  const int hl_g = {e['g']}, hl_t = {e['t']};",
          f"  const int hl_r0 = {e['r0']};",
          f"  const int hl_bsw = {e['bsw']};",

@@ -60,19 +60,17 @@ def ffma7_text(g, acc: str, a: str, b: str, stages: int = 3) -> list[str]:
     lx = 32 // (rq // 4)                           # lanes across the warp's columns
     ap = g.bm + 4                                  # padded row of the transposed A tile
     tj = g.bn // nr
-    nbj, nbi, kt = g.n // g.bn, g.m // g.bm, g.k // g.bk
+    kt = g.k // g.bk
     ka, nb4 = bk // 4, g.bn // 4
     sm = ffma7_shared_bytes(g, st) // 4
+    from .cuda import _gemm_block_pointers  # here: cuda imports this module
+
     o = [f"{{  // GEMM template 7: {g.bm}x{g.bn}x{bk} tile, {mr}x{nr} per thread in quads, 128 threads, "
          f"{st}-stage cp.async ring",
          f"  __shared__ __align__(16) float hl_sm[{sm}];",
          f"  float (*hl_As)[{bk}][{ap}] = reinterpret_cast<float (*)[{bk}][{ap}]>(hl_sm);",
          f"  float (*hl_Bs)[{bk}][{g.bn}] = reinterpret_cast<float (*)[{bk}][{g.bn}]>(hl_sm + {st * bk * ap});",
-         "  const int hl_tid = threadIdx.x, hl_bid = blockIdx.x;",
-         f"  const int hl_bj = hl_bid % {nbj}, hl_bi = (hl_bid / {nbj}) % {nbi}, hl_bb = hl_bid / {nbj * nbi};",
-         f"  const float* __restrict__ hl_A = {a} + (long long)hl_bb * {g.a_batch}LL + (long long)hl_bi * "
-         f"{g.bm * g.k}LL;",
-         f"  const float* __restrict__ hl_B = {b} + (long long)hl_bb * {g.b_batch}LL + hl_bj * {g.bn};",
+         *_gemm_block_pointers(g, a, b),
          "  const int hl_w = hl_tid >> 5, hl_l = hl_tid & 31;",
          f"  const int hl_ra0 = (hl_w >> 1) * {_WARP} + (hl_l / {lx}) * 4, "
          f"hl_cb0 = (hl_w & 1) * {_WARP} + (hl_l % {lx}) * 4;",

@@ -8,34 +8,24 @@ in-place register template's output and numpy's product within float32 rounding.
 from __future__ import annotations
 
 import dataclasses
-import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
-import hlotune
 import hlotune.codegen.cuda as cuda
 from hlotune.codegen import cuda_ffma7
 from hlotune.codegen.cuda import generate_cuda
-from hlotune.codegen.cuda_runtime import compile_cubin
 from hlotune.schedule_space.default_gpu import default_gpu_schedule
 from hlotune.schedule_space.lower import lower
 from tests.null.test_cuda_gemm6 import _SHIM as _SHIM6
+from tests.null.test_cuda_gemm6 import _mm, assert_compiles_without_spills
 from tests.null.test_cuda_gemm6 import _run_on_cpu as _run_cpu6
 
 NVCC = shutil.which("nvcc")
 GXX = shutil.which("g++")
 T816 = (8, 16, 16, 8, 8)       # MR, NR, threads over rows, threads over columns, BK
 T168 = (16, 8, 8, 16, 8)
-
-
-def _mm(m: int, k: int, n: int):
-    hlo = (f"HloModule mm\nENTRY m {{\n  a = f32[{m},{k}] parameter(0)\n  b = f32[{k},{n}] parameter(1)\n"
-           f"  ROOT d = f32[{m},{n}] dot(a, b), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n}}\n")
-    (sg,) = hlotune.load_model(hlo).frontend.subgraphs
-    return sg.workload.compute
 
 
 def _source(cd, tiles, monkeypatch, on: bool, stages: int = 3):
@@ -84,15 +74,7 @@ def test_ffma7_fits_and_stages():
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 @pytest.mark.parametrize("tiles", [T816, (8, 16, 16, 8, 16)])
 def test_ffma7_compile_without_spills(monkeypatch, tmp_path, tiles):
-    text = _source(_mm(4096, 4096, 4096), tiles, monkeypatch, True).text
-    cu = tmp_path / "q.cu"
-    cu.write_text(text)
-    r = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "-Xptxas", "-v", str(cu), "-o", str(tmp_path / "q.cubin")],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    regs = int(re.search(r"Used (\d+) registers", r.stderr).group(1))
-    assert regs <= 255 and "0 bytes spill stores" in r.stderr, r.stderr
-    assert compile_cubin(text, "sm_90")[:4] == b"\x7fELF"
+    assert_compiles_without_spills(_source(_mm(4096, 4096, 4096), tiles, monkeypatch, True).text, tmp_path, 255)
 
 
 _SHIM = "#include <cstring>\n" + _SHIM6 + r"""
