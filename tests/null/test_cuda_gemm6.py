@@ -125,13 +125,17 @@ def _run_on_cpu(src, a, b, out_shape, tmp_path, tag, shim: str = _SHIM):
     return c
 
 
+def operands(m: int, k: int, n: int, seed: int):
+    """The dot's compute definition and N(0, 1) float32 operands A[m, k], B[k, n]."""
+    rng = np.random.default_rng(seed)
+    return (_mm(m, k, n), rng.standard_normal((m, k)).astype(np.float32),
+            rng.standard_normal((k, n)).astype(np.float32))
+
+
 @pytest.mark.skipif(GXX is None, reason="g++ not found")
 def test_quads_run_on_cpu_match_register_template(monkeypatch, tmp_path):
     m, k, n = 256, 48, 128
-    cd = _mm(m, k, n)
-    rng = np.random.default_rng(6)
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    b = rng.standard_normal((k, n)).astype(np.float32)
+    cd, a, b = operands(m, k, n, 6)
     quads = _source(cd, QUADS, monkeypatch, True)
     plain = _source(cd, QUADS, monkeypatch, False)
     assert "quads" in quads.text and "quads" not in plain.text and "GEMM template" in plain.text

@@ -19,7 +19,7 @@ from hlotune.codegen.cuda import generate_cuda
 from hlotune.schedule_space.default_gpu import default_gpu_schedule
 from hlotune.schedule_space.lower import lower
 from tests.null.test_cuda_gemm6 import _SHIM as _SHIM6
-from tests.null.test_cuda_gemm6 import _mm, assert_compiles_without_spills
+from tests.null.test_cuda_gemm6 import _mm, assert_compiles_without_spills, operands
 from tests.null.test_cuda_gemm6 import _run_on_cpu as _run_cpu6
 
 NVCC = shutil.which("nvcc")
@@ -103,10 +103,7 @@ def _run_on_cpu(src, a, b, out_shape, tmp_path, tag):
 @pytest.mark.parametrize("tiles, k, stages", [(T816, 48, 3), (T816, 16, 4), (T168, 32, 2), ((8, 16, 16, 8, 16), 48, 3)])
 def test_ffma7_run_on_cpu_match_register_template(monkeypatch, tmp_path, tiles, k, stages):
     m, n = 256, 256
-    cd = _mm(m, k, n)
-    rng = np.random.default_rng(7)
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    b = rng.standard_normal((k, n)).astype(np.float32)
+    cd, a, b = operands(m, k, n, 7)
     new = _source(cd, tiles, monkeypatch, True, stages)
     plain = _source(cd, tiles, monkeypatch, False)
     assert "template 7" in new.text and "template 7" not in plain.text and "GEMM template" in plain.text
