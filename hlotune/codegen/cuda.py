@@ -1764,6 +1764,7 @@ class _Gemm:
     pad_a: int = 4      # mma: floats of padding per row of A's shared tile (`_mma_pad_a`)
     quads: bool = False     # FFMA 8x8 as 2 x 2 quads of 4x4 (`GEMM_QUADS`, `_gemm_quads_text`)
     ffma7: int = 0      # > 0: the 128-thread 128x128 template of `cuda_ffma7` with a ring of this many stages
+    smem_off: int = -1  # mma: byte offset of its tiles in the kernel's dynamic shared memory (-1: static arrays)
 
     @property
     def shared_bytes(self) -> int:
@@ -1891,10 +1892,11 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
         return None
     g = _Gemm(ga.name, gb.name, st.buffer, m, n, k, bm, bn, bk, mr, nr, t,
               m * k if len(ga.shape) > 2 and nbat > 1 else 0, k * n if len(gb.shape) > 2 and nbat > 1 else 0)
-    if g.shared_bytes > STATIC_SHARED_LIMIT:
-        return None
     tc = dict(s.annotations).get("tensor_core", 0)
-    if tc in MMA_PASSES and GEMM_MMA and _mma_fits(g):
+    mma = tc in MMA_PASSES and GEMM_MMA and _mma_fits(g)
+    if g.shared_bytes > STATIC_SHARED_LIMIT and not mma:
+        return None
+    if mma:
         g = _mma_gemm(g, int(tc))
     elif GEMM_FFMA7 and ffma7_fits(g, STATIC_SHARED_LIMIT) and plan.grid[0] >= GEMM_FFMA7_MIN_BLOCKS:
         g = dataclasses.replace(g, ffma7=ffma7_stages(g, GEMM_FFMA7_STAGES, STATIC_SHARED_LIMIT))
@@ -2305,7 +2307,13 @@ def _gemm_async_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
 #: (`_gemm_mma_text`) where its tiling fits (`_mma_fits`), else the FFMA template; off: always FFMA (benchmarks)
 GEMM_MMA = True
 MMA_PASSES = (1, 3)     # 3: 3xTF32 (float32-class error), 1: plain TF32 (for comparison only)
-GEMM_MMA_STAGES = 3     # the mma template's cp.async ring (fewer where they would not fit in 48 KB)
+GEMM_MMA_STAGES = 3     # the mma template's cp.async ring (fewer where they would not fit in GEMM_MMA_SHARED_LIMIT)
+#: shared-memory bytes the mma template's ring may take: above STATIC_SHARED_LIMIT (48 KB) the kernel's shared
+#: memory is dynamic (`extern __shared__`, the launch sets the function's MAX_DYNAMIC_SHARED_SIZE_BYTES; the H200
+#: allows 227 KB per block, 228 KB per SM): 112 KB keeps two blocks per SM.  Used by BK 32 tiles (session 8: 4x8 on
+#: 32x4 threads, BK 32, 3 stages, 67.6 KB: matmul 1024^3 39.8k GFLOP/s against 37.6-38.0k at BK 16 in two calls);
+#: STATIC_SHARED_LIMIT: static arrays only (session 5)
+GEMM_MMA_SHARED_LIMIT = 112 * 1024
 #: 3xTF32: each 8-k step's three products summed by the tensor cores into a zeroed fragment, then added to the
 #: accumulators by FADD (round to nearest).  The tensor cores' own accumulation does not round to nearest (it
 #: truncates), so summing straight into the running accumulators biases the result by up to 3 x K / 8 truncations of
@@ -2322,6 +2330,16 @@ GEMM_MMA_B_PLANES = False
 #: the FADD into the accumulators (half the FADDs; both steps' fragments live; H200 matmul 4096^3 47.2k -> 51.5k
 #: GFLOP/s, error 9.6e-7 -> 7.7e-7); off: one fragment per 8-k step (session 5)
 GEMM_MMA_PAIR_STEPS = True
+#: 3xTF32: the small part passed to the mma unrounded (x - big, exact in float32; the tensor cores read the TF32 bits
+#: of it, truncating the rest), one conversion fewer per operand value (`hl_split_tf32_t`; |x - big| has at most 12
+#: significant bits, so the error magnitude is the rounded one's).  Off: rounded (cvt.rna); on the H200 (session 8)
+#: level or up to 5 % slower (240 -> 218 registers at 4x16)
+GEMM_MMA_SMALL_TRUNC = False
+#: BK > 16: the 16-k chunks of a K tile as a loop that is not unrolled (`#pragma unroll 1`, chunk offset hl_kc), so
+#: that nvcc cannot hoist the next chunk's shared loads and conversions into the current one (unrolled, BK 32 takes
+#: 255 registers and spills at 4x16 per thread, 209 instead of 145 at 4x8).  Off: the chunks unrolled; the loop (no
+#: spill, 167 registers at 4x8) was 2-6 % slower on the H200 in 9 of 10 cases (session 8)
+GEMM_MMA_CHUNK_LOOP = False
 
 #: sm_80+ tensor-core helpers (added to a module's prelude only when a kernel uses them).  hl_split_tf32: x = big +
 #: small with big = x rounded to TF32 (nearest, ties away: cvt.rna), small = (x - big) rounded to TF32 (x - big is
@@ -2341,6 +2359,10 @@ HL_INL unsigned hl_tf32(float x) {
 HL_INL void hl_split_tf32(float x, unsigned& big, unsigned& small) {
   big = hl_tf32(x);
   small = hl_tf32(x - __uint_as_float(big));
+}
+HL_INL void hl_split_tf32_t(float x, unsigned& big, unsigned& small) {   // small left for the mma to truncate
+  big = hl_tf32(x);
+  small = __float_as_uint(x - __uint_as_float(big));
 }
 HL_INL void hl_mma_tf32(float& c0, float& c1, float& c2, float& c3, unsigned a0, unsigned a1, unsigned a2,
                         unsigned a3, unsigned b0, unsigned b1) {
@@ -2386,8 +2408,32 @@ def _mma_gemm(g: _Gemm, passes: int) -> _Gemm:
     g = dataclasses.replace(g, mma=passes, pad_a=_mma_pad_a(g.mr, g.bk), a_row=True, stages=0)
     fixed = g.shared_bytes      # B's small plane (`GEMM_MMA_B_PLANES`)
     per_stage = dataclasses.replace(g, stages=1).shared_bytes - fixed
-    return dataclasses.replace(g, stages=max(0, min(GEMM_MMA_STAGES, (STATIC_SHARED_LIMIT - fixed) // per_stage,
+    return dataclasses.replace(g, stages=max(0, min(GEMM_MMA_STAGES, (GEMM_MMA_SHARED_LIMIT - fixed) // per_stage,
                                                     g.k // g.bk + 1)))
+
+
+def _mma_big_regs(g: _Gemm) -> bool:
+    """Whether an mma kernel needs more than 128 registers per thread at two blocks per SM (more than 128 threads
+    with at least 32 accumulators): its launch bounds then ask for one block per SM (255 registers)."""
+    return g.threads > 128 and g.mr * g.nr >= 32
+
+
+def _mma_shared_decls(g: _Gemm, st: int, plane: bool) -> list[str]:
+    """The mma template's shared tiles: static arrays, or (g.smem_off >= 0) pointers into the kernel's dynamic
+    shared memory `hl_smem` with the same shapes (the same indexing)."""
+    ap, bn = g.bk + g.pad_a, g.bn
+    if g.smem_off < 0:
+        return [f"  __shared__ __align__(16) float hl_As[{st}][{g.bm}][{ap}];",
+                f"  __shared__ __align__(16) float hl_Bs[{st}][{g.bk}][{bn}];",
+                *([f"  __shared__ __align__(16) unsigned hl_Bsm[{g.bk}][{bn}];   // B's small TF32 words"]
+                  if plane else [])]
+    a_off, b_off = g.smem_off, g.smem_off + 4 * st * g.bm * ap
+    out = [f"  float (*hl_As)[{g.bm}][{ap}] = reinterpret_cast<float (*)[{g.bm}][{ap}]>(hl_smem + {a_off});",
+           f"  float (*hl_Bs)[{g.bk}][{bn}] = reinterpret_cast<float (*)[{g.bk}][{bn}]>(hl_smem + {b_off});"]
+    if plane:
+        out.append(f"  unsigned (*hl_Bsm)[{bn}] = reinterpret_cast<unsigned (*)[{bn}]>(hl_smem + "
+                   f"{b_off + 4 * st * g.bk * bn});   // B's small TF32 words")
+    return out
 
 
 def mma_index_exprs(g: _Gemm) -> dict:
@@ -2421,21 +2467,28 @@ def mma_index_exprs(g: _Gemm) -> dict:
     }
 
 
+def _k0(c: int | str, off: int) -> str:
+    """k offset `off` within 16-k chunk `c` of a K tile: c an int (chunks unrolled) or the chunk loop's variable."""
+    return str(16 * c + off) if isinstance(c, int) else f"{c} + {off}"
+
+
 def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     """The GEMM template on tensor cores (mma.sync m16n8k8, TF32 in, float32 accumulate), `g.mma` = 3: 3xTF32
     (each operand split into big + small TF32 parts; small x big, big x small, big x big accumulated in that order,
     small x small dropped; per 8-k step, or per 16-k chunk with `GEMM_MMA_PAIR_STEPS`, into a zeroed fragment added
     to the accumulators by FADD, `GEMM_MMA_SPLIT_ACC`), 1: plain TF32.  B is split by each warp as it loads its
     fragments, or with `GEMM_MMA_B_PLANES` once per block after the wait (in place + a small plane, one more barrier).
-    Copies: the cp.async ring of `_gemm_async_text` (A row-major with padded
-    rows, B row-major with its 16-byte chunks XOR-swizzled per 4 rows).  Thread tid = 32 w + 4 g + t (TJ = 4) owns
-    rows r0 = (tid / 4) MR + [0, MR) and columns t NR + [0, NR), as the loop nest says; its accumulators are the
-    loop nest's own (acc[i NR + j]) used directly as mma C fragments: fragment row g (g + 8) of m-tile mi is tile row
-    (8 w + g) MR + 2 mi (+ 1), fragment column 2 t' + e of n-tile ni is tile column t' NR + e NR / 2 + ni, so each
-    thread's four C registers are its own acc[2 mi NR + ni], acc[2 mi NR + NR/2 + ni], acc[(2 mi + 1) NR + ni],
-    acc[(2 mi + 1) NR + NR/2 + ni].  K: per 16-k chunk, fragment column t (t + 4) of step s is k = 4 t + 2 s (+ 1),
-    so a thread's A values of a row are one float4 (its 4 k) and its B values two rows of NR / 2 consecutive
-    columns.  The sums over k run in another order than the FFMA template's (and through the tensor cores)."""
+    The ring's tiles are static arrays, or pointers into the kernel's dynamic shared memory when it passes 48 KB
+    (`GEMM_MMA_SHARED_LIMIT`, `_mma_shared_decls`).  Copies: the cp.async ring of `_gemm_async_text` (A row-major
+    with padded rows, B row-major with its 16-byte chunks XOR-swizzled per 4 rows).  Thread tid = 32 w + 4 g + t
+    (TJ = 4) owns rows r0 = (tid / 4) MR + [0, MR) and columns t NR + [0, NR), as the loop nest says; its
+    accumulators are the loop nest's own (acc[i NR + j]) used directly as mma C fragments: fragment row g (g + 8) of
+    m-tile mi is tile row (8 w + g) MR + 2 mi (+ 1), fragment column 2 t' + e of n-tile ni is tile column
+    t' NR + e NR / 2 + ni, so each thread's four C registers are its own acc[2 mi NR + ni], acc[2 mi NR + NR/2 + ni],
+    acc[(2 mi + 1) NR + ni], acc[(2 mi + 1) NR + NR/2 + ni].  K: per 16-k chunk, fragment column t (t + 4) of step s
+    is k = 4 t + 2 s (+ 1), so a thread's A values of a row are one float4 (its 4 k) and its B values two rows of
+    NR / 2 consecutive columns (`GEMM_MMA_CHUNK_LOOP`: the chunks of a BK > 16 tile in a loop, not unrolled).  The
+    sums over k run in another order than the FFMA template's (and through the tensor cores)."""
     e = mma_index_exprs(g)
     na, nb = g.bm * g.bk // 4, g.bk * g.bn // 4
     la, lb = max(1, na // g.threads), max(1, nb // g.threads)
@@ -2445,13 +2498,10 @@ def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     half, nv = g.nr // 2, g.nr // 8
     three = g.mma == 3
     planes = GEMM_MMA_B_PLANES
-    split, tf32 = "hl_split_tf32", "hl_tf32"
+    split, tf32 = "hl_split_tf32_t" if GEMM_MMA_SMALL_TRUNC else "hl_split_tf32", "hl_tf32"
     o = [f"{{  // GEMM template: {g.bm}x{g.bn}x{g.bk} tile, {g.mr}x{g.nr} per thread, "
          f"{'3xTF32' if g.mma == 3 else 'TF32'} tensor cores (mma.sync m16n8k8), {st}-stage cp.async ring",
-         f"  __shared__ __align__(16) float hl_As[{st}][{g.bm}][{g.bk + g.pad_a}];",
-         f"  __shared__ __align__(16) float hl_Bs[{st}][{g.bk}][{g.bn}];",
-         *([f"  __shared__ __align__(16) unsigned hl_Bsm[{g.bk}][{g.bn}];   // B's small TF32 words"]
-           if planes and three else []),
+         *_mma_shared_decls(g, st, planes and three),
          *_gemm_block_pointers(g, a, b),
          f"  const int hl_g = {e['g']}, hl_t = {e['t']};",
          f"  const int hl_r0 = {e['r0']};",
@@ -2490,12 +2540,12 @@ def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     # 8-k steps whose products share one zeroed fragment (`GEMM_MMA_PAIR_STEPS`: both steps of a 16-k chunk)
     groups = ((0, 1),) if part and GEMM_MMA_PAIR_STEPS else ((0,), (1,))
 
-    def b_frags(c: int, s: int) -> list[str]:     # step s's B fragments: hl_b<e>[_s]<s> (e: k row t, t + 4)
+    def b_frags(c: int | str, s: int) -> list[str]:     # step s's B fragments: hl_b<e>[_s]<s> (e: k row t, t + 4)
         out = []
         regs = [f"hl_b{ee}{sm}{s}" for sm in (("", "s_") if three else ("",)) for ee in range(2)]
         out.append("        unsigned " + ", ".join(f"{r}[{half}]" for r in regs) + ";")
         for ee in range(2):
-            row = e["b_frag_row"].format(k0=16 * c + 2 * s + ee)
+            row = e["b_frag_row"].format(k0=_k0(c, 2 * s + ee))
             big, small = f"hl_b{ee}{s}", f"hl_b{ee}s_{s}"
             for v in range(nv):
                 if planes:      # ready TF32 words (big in the stage, small in the plane)
@@ -2534,15 +2584,17 @@ def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
                     f"            hl_mma_tf32({cs}, {big}, hl_b0s_{s}[hl_ni], hl_b1s_{s}[hl_ni]);"]
         return out + [f"            hl_mma_tf32({cs}, {big}, {bb});"]
 
-    compute = []
-    for c in range(g.bk // 16):
-        compute.append(f"    {{  // k {16 * c} .. {16 * c + 15} of the tile")
+    looped = GEMM_MMA_CHUNK_LOOP and g.bk > 16
+    chunks = ("hl_kc",) if looped else range(g.bk // 16)
+    compute = ["    #pragma unroll 1", f"    for (int hl_kc = 0; hl_kc < {g.bk}; hl_kc += 16)"] if looped else []
+    for c in chunks:
+        compute.append(f"    {{  // k {_k0(c, 0)} .. {_k0(c, 15)} of the tile")
         compute.append(f"      float4 hl_fa[{g.mr}];")
         for i in range(g.mr):
             compute.append(f"      hl_fa[{i}] = *(const float4*)&hl_As[hl_cur][{e['a_frag_row'].format(i=i)}]"
-                           f"[{e['a_frag_col'].format(c16=16 * c)}];")
+                           f"[{e['a_frag_col'].format(c16=_k0(c, 0))}];")
         for grp in groups:
-            compute.append("      {  // " + ", ".join(f"step {s}: fragment column t (t + 4) is k {16 * c + 2 * s} + "
+            compute.append("      {  // " + ", ".join(f"step {s}: fragment column t (t + 4) is k {_k0(c, 2 * s)} + "
                                                       "4 t (+ 1)" for s in grp))
             for s_ in grp:
                 compute += b_frags(c, s_)
@@ -3166,7 +3218,13 @@ def _kernel(name: str, kern: Stmt, params: dict[str, BufferDecl], inputs: set[st
             off += _align16(n * _BYTES[a.dtype])
         else:
             decls.append(f"__shared__ __align__(16) {ctype(a.dtype)} {sanitize(a.buffer)}[{n}];")
+    if dynamic:     # the mma templates' tiles after the kernel's own shared buffers (`_gemm_loops` allows no others)
+        for k_, g_ in gemms.items():
+            gemms[k_] = dataclasses.replace(g_, smem_off=off)
+            off += _align16(g_.shared_bytes)
     bounds = f"{threads}, 2" if gemms and threads <= 256 else f"{threads}"   # GEMM: at most 128 registers
+    if any(isinstance(g, _Gemm) and g.mma and _mma_big_regs(g) for g in gemms.values()):
+        bounds = f"{threads}, 1"    # 255 registers: 256-thread mma blocks of big register tiles
     if ROW_MIN_BLOCKS and plan.lane_regs and not gemms:   # a register cap for kernels with lane-register rows
         bounds = f"{threads}, {ROW_MIN_BLOCKS}"
     lines = [f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({", ".join(sig)}) {{']
@@ -3238,7 +3296,9 @@ def _gemm_loops(kern: Stmt, params: dict[str, BufferDecl], plan: _KernelPlan) ->
                  for a in walk_stmts(f.body) if isinstance(a, Allocate)}
         rest = sum(_align16(max(1, math.prod(a.shape)) * _BYTES[a.dtype]) for n, a in plan.shared.items()
                    if n not in inner)
-        if rest + sum(g.shared_bytes for g in out.values()) > STATIC_SHARED_LIMIT:
+        limit = GEMM_MMA_SHARED_LIMIT if all(isinstance(g, _Gemm) and g.mma for g in out.values()) else \
+            STATIC_SHARED_LIMIT
+        if rest + sum(g.shared_bytes for g in out.values()) > max(limit, STATIC_SHARED_LIMIT):
             return {}
         for n in inner:
             plan.shared.pop(n, None)

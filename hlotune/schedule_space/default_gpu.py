@@ -382,9 +382,12 @@ _IMPLICIT_TILES = ((8, 4, 8, 16, 8, 0.9), (4, 4, 16, 16, 16, 0.9), (4, 4, 8, 16,
 #: H200, 3xTF32 (docs/gpu.md, session 5): 4096^3 4x16 on 32x4 threads 48.1k GFLOP/s (230 registers) against 43.2k for
 #: the FFMA template; 1024^3 4x8 on 32x4 (256 blocks) 36.8k against 35.4k (2x8 on 64x4 31.5k, 4x16 on 32x4 in 128
 #: blocks 32.3k); rmsnorm_swiglu's dots (256-704 blocks, K 1024-2816) 4x16 on 32x4 0.6-9 % faster; dense_bias_relu
-#: (512 x 1024, K 1024) 2x8 on 64x4 3 % faster
-_MMA_TILES = ((4, 16, 32, 4, 16, 1.9), (4, 8, 32, 4, 16, 1.9), (2, 8, 64, 4, 16, 0.9), (2, 16, 32, 4, 16, 0.9),
-              (2, 8, 32, 4, 16, 0.9))
+#: (512 x 1024, K 1024) 2x8 on 64x4 3 % faster.  Session 8 (logs/gpu_s8t, interleaved with cuBLAS, two calls): 4x8 on
+#: 32x4 with BK 32 (3 stages, 67.6 KB of dynamic shared memory, 209 registers) for 1024^3: 39.8k GFLOP/s in both
+#: calls against 38.0k / 37.6k for BK 16 (105 % of cuBLAS float32 against 99-100 %); for the 4x16 dots BK 32 was level
+#: with BK 16 (4096^3 +2.6 % in one call, -1.5 % in the other; rmsnorm_swiglu's dots +/-7 % between calls)
+_MMA_TILES = ((4, 16, 32, 4, 16, 1.9), (4, 8, 32, 4, 32, 1.9), (4, 8, 32, 4, 16, 1.9), (2, 8, 64, 4, 16, 0.9),
+              (2, 16, 32, 4, 16, 0.9), (2, 8, 32, 4, 16, 0.9))
 #: TF32 passes of the default's tensor-core dots (3: 3xTF32; 0: every dot on FFMA), the smallest dot (2 M N K flops)
 #: and reduction (K) that get them (H200: transformer_block's dots of K 512 and 128 were 17-50 % slower than the FFMA
 #: template, mlp2's and mlp_train_step's of K 784 11-20 %)

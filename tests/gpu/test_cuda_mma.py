@@ -37,7 +37,8 @@ def mma_cases() -> list:
         out.append((f"{m}x{k}x{n} b{b} 3xtf32", hlo, {"tensor_core": 3}))
         out.append((f"{m}x{k}x{n} b{b} 1xtf32", hlo, {"tensor_core": 1}))
     hlo = _dot_hlo(256, 512, 128)
-    for tiles in ((4, 16, 32, 4, 16), (2, 8, 64, 4, 16), (4, 8, 16, 4, 32)):
+    # session 8: BK 32 and 256 threads, rings in dynamic shared memory (67.6 / 73.7 KB)
+    for tiles in ((4, 16, 32, 4, 16), (2, 8, 64, 4, 16), (4, 8, 16, 4, 32), (4, 8, 32, 4, 32), (4, 16, 64, 4, 16)):
         out.append((f"256x512x128 {tiles} 3xtf32", hlo, {"tensor_core": 3, "tiles": tiles}))
     return out
 
@@ -140,3 +141,33 @@ def test_mma_b_planes_give_the_same_bits(flags, monkeypatch):
             kern(a, b, outs[-1])
         np.testing.assert_array_equal(outs[1], outs[0], err_msg=f"{passes} passes, {flags}")
         assert _err(outs[0], a.astype(np.float64) @ b.astype(np.float64)) < (TOL_3X if passes == 3 else 1e-2)
+
+
+@pytest.mark.parametrize("flags", [{"GEMM_MMA_CHUNK_LOOP": True}, {"GEMM_MMA_SMALL_TRUNC": True}])
+def test_mma_session8_flags(flags, monkeypatch):
+    """`GEMM_MMA_CHUNK_LOOP` (the 16-k chunks of a BK 32 tile in a loop) gives the same bits as the unrolled chunks;
+    `GEMM_MMA_SMALL_TRUNC` (small words read truncated) other bits, within the 3xTF32 tolerance and as accurate as the
+    default (the same error bound per operand: tests/null/test_cuda_mma8.py)."""
+    from hlotune.codegen import cuda
+    from hlotune.codegen import cuda_runtime as rt
+
+    hlo = _dot_hlo(256, 1024, 256)
+    rng = np.random.default_rng(13)
+    a, b = rng.standard_normal((256, 1024)).astype(np.float32), rng.standard_normal((1024, 256)).astype(np.float32)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    outs = []
+    for fl in ({}, flags):
+        with monkeypatch.context() as mp:
+            mp.setattr(rt, "_KCACHE", {})     # keyed by the loop function, not by the flags
+            for k, v in fl.items():
+                mp.setattr(cuda, k, v)
+            _, kern = _build(hlo, {"tensor_core": 3, "tiles": (4, 8, 32, 4, 32)}, f"s8 {fl}")
+        assert "3xTF32 tensor cores" in kern.text and ("hl_kc" in kern.text) == ("GEMM_MMA_CHUNK_LOOP" in fl)
+        outs.append(np.full((256, 256), np.nan, np.float32))
+        kern(a, b, outs[-1])
+    e0, e1 = _err(outs[0], want), _err(outs[1], want)
+    print(flags, f"{e0:.2e} {e1:.2e}")
+    if "GEMM_MMA_CHUNK_LOOP" in flags:
+        np.testing.assert_array_equal(outs[1], outs[0])
+    else:
+        assert not np.array_equal(outs[1], outs[0]) and e1 <= min(1.5 * e0 + 1e-7, TOL_3X), (e0, e1)
