@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from hlotune.codegen import cuda
 from hlotune.codegen.cuda import generate_cuda
 from hlotune.codegen.cuda_runtime import compile_cubin
 from hlotune.errors import CompileError
@@ -329,7 +330,29 @@ def test_elementwise_defaults_store_float4():
     (sg,) = hlotune.load_model(str(model_path("relu_chain", "bench.hlo"))).frontend.subgraphs
     cd = sg.workload.compute
     text = generate_cuda(lower(cd, default_gpu_schedule(cd), name="k")).text
-    assert "vectorized x4" in text and "*(float4*)&" in text and "*(const float4*)&" in text
+    assert "vectorized x4" in text
+    if cuda.STREAM_HINTS:   # the streamed input and the output through the evict-first hints
+        assert "__stcs((float4*)&mul_7[" in text and "__ldcs((const float4*)&param_0[" in text
+    else:
+        assert "*(float4*)&mul_7[" in text and "*(const float4*)&param_0[" in text
+
+
+def test_stream_hints_only_on_inputs_read_once(monkeypatch):
+    """`STREAM_HINTS`: layernorm's row input and its output take __ldcs / __stcs, its scale and bias (1024 values
+    read by every row) plain loads; with the flag off no hint at all."""
+    import hlotune
+    from tests.conftest import model_path
+    (sg,) = hlotune.load_model(str(model_path("layernorm", "bench.hlo"))).frontend.subgraphs
+    cd = sg.workload.compute
+    f = lower(cd, default_gpu_schedule(cd), name="k")
+    monkeypatch.setattr(cuda, "STREAM_HINTS", True)
+    text = generate_cuda(f).text
+    assert "__ldcs((const float4*)&param_0[" in text and "__stcs((float4*)&add_11[" in text
+    assert "*(const float4*)&param_1[" in text and "*(const float4*)&param_2[" in text
+    assert "__ldcs((const float4*)&param_1[" not in text
+    monkeypatch.setattr(cuda, "STREAM_HINTS", False)
+    plain = generate_cuda(f).text
+    assert "__ldcs" not in plain and "__stcs" not in plain and "*(float4*)&add_11[" in plain
 
 
 def test_vector_access_bases_never_keep_the_lane():

@@ -24,6 +24,13 @@ from hlotune.schedule_space.default_gpu import default_gpu_schedule
 from hlotune.schedule_space.lower import lower
 from tests.conftest import model_path
 
+
+@pytest.fixture(autouse=True)
+def _plain_loads(monkeypatch):
+    """These tests read the plain vector load / store forms; the streaming hints have their own test
+    (test_cuda_codegen.test_stream_hints_only_on_inputs_read_once)."""
+    monkeypatch.setattr(cuda_gen, "STREAM_HINTS", False)
+
 GXX = shutil.which("g++")
 NVCC = shutil.which("nvcc")
 F = np.float32

@@ -26,6 +26,13 @@ from hlotune.schedule_space.lower import lower
 from tests.conftest import model_path
 from tests.null.test_cuda_rows6 import _args, _subgraph
 
+
+@pytest.fixture(autouse=True)
+def _plain_loads(monkeypatch):
+    """These tests read the plain vector load / store forms; the streaming hints have their own test
+    (test_cuda_codegen.test_stream_hints_only_on_inputs_read_once)."""
+    monkeypatch.setattr(cuda_gen, "STREAM_HINTS", False)
+
 NVCC = shutil.which("nvcc")
 
 WIDE = [{"row_lanes": 64}, {"row_lanes": 64, "rows": 4}, {"row_lanes": 128}, {"row_lanes": 128, "rows": 2},

@@ -55,3 +55,38 @@ def test_small_reductions_compile(tmp_path):
         r = subprocess.run([NVCC, "-arch=sm_90", "-cubin", str(cu), "-o", str(tmp_path / "k.cubin")],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_short_k_dots_take_128_thread_gemm_tiles(monkeypatch):
+    """Dots of K <= SHORT_K (transformer_block's projections, K 512) take 8x4 tiles on 4x32 threads: twice the blocks
+    of the general first tiling, still the GEMM template; longer dots keep it.  The schedule computes the algorithm
+    (the loop-IR interpreter on a small dot with that tiling)."""
+    import hlotune.schedule_space.default_gpu as dg
+
+    sg = _sg("transformer_block", "dot_general.6")
+    cd = sg.workload.compute
+    text = generate_cuda(lower(cd, default_gpu_schedule(cd), name="k"))
+    (ln,) = text.launches
+    assert (ln.grid, ln.block) == ((512, 1, 1), (128, 1, 1)) and "GEMM template" in text.text
+    monkeypatch.setattr(dg, "_SHORT_K_TILES", ())
+    (old,) = generate_cuda(lower(cd, default_gpu_schedule(cd), name="k")).launches
+    assert (old.grid, old.block) == ((256, 1, 1), (256, 1, 1))
+    monkeypatch.undo()
+    assert dg._tile_sizes(4096, 4096, 4096, 1024)[:4] == dg._WARP_ROW_TILES[0][:4]   # K 4096: unchanged
+    assert dg._tile_sizes(4096, 512, 512, 1024)[:4] == dg._SHORT_K_TILES[0][:4]
+    hlo = """HloModule d
+ENTRY e {
+  a = f32[64,96]{1,0} parameter(0)
+  b = f32[96,256]{1,0} parameter(1)
+  ROOT d = f32[64,256]{1,0} dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+    (small,) = hlotune.load_model(hlo).frontend.subgraphs
+    scd = small.workload.compute
+    f = lower(scd, default_gpu_schedule(scd, options={"tensor_core": 0, "tiles": dg._SHORT_K_TILES[0][:5]}), name="k")
+    src = generate_cuda(f)
+    assert src.launches[0].block == (128, 1, 1) and "GEMM template" in src.text
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((64, 96)).astype(np.float32), rng.standard_normal((96, 256)).astype(np.float32)
+    (got,) = evaluate_loop_func(f, [a, b])
+    np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-4)
