@@ -118,27 +118,39 @@ def test_mma_fused_epilogues_agree_with_algorithm(model, name, pair, monkeypatch
         assert _err(g, np.asarray(w, np.float64)) <= TOL_3X, (model, name)
 
 
+def _default_and_flagged(monkeypatch, flags: dict, opts: dict, a, b, label: str):
+    """(flags, kernel, output) for the default build of a 256 x K x 256 dot and the build with `flags` set on
+    codegen.cuda, each run once on (a, b)."""
+    from hlotune.codegen import cuda
+    from hlotune.codegen import cuda_runtime as rt
+
+    hlo = _dot_hlo(a.shape[0], a.shape[1], b.shape[1])
+    got = []
+    for fl in ({}, flags):
+        with monkeypatch.context() as mp:
+            mp.setattr(rt, "_KCACHE", {})     # keyed by the loop function, not by the flags
+            for k, v in fl.items():
+                mp.setattr(cuda, k, v)
+            _, kern = _build(hlo, opts, f"{label} {fl}")
+        out = np.full((a.shape[0], b.shape[1]), np.nan, np.float32)
+        kern(a, b, out)
+        got.append((fl, kern, out))
+    return got
+
+
 @pytest.mark.parametrize("flags", [{"GEMM_MMA_B_PLANES": True}])
 def test_mma_b_planes_give_the_same_bits(flags, monkeypatch):
     """B split once per block (`GEMM_MMA_B_PLANES`) or by every warp (the default): the same TF32 words in the same
     mma order, so the same bits as the default (on N(0, 1) inputs, 3xTF32 and plain TF32)."""
     from hlotune.codegen import cuda
-    from hlotune.codegen import cuda_runtime as rt
 
-    hlo = _dot_hlo(256, 1024, 256)
     rng = np.random.default_rng(11)
     a, b = rng.standard_normal((256, 1024)).astype(np.float32), rng.standard_normal((1024, 256)).astype(np.float32)
     for passes in (3, 1):
         outs = []
-        for fl in ({}, flags):
-            with monkeypatch.context() as mp:
-                mp.setattr(rt, "_KCACHE", {})     # keyed by the loop function, not by the flags
-                for k, v in fl.items():
-                    mp.setattr(cuda, k, v)
-                _, kern = _build(hlo, {"tensor_core": passes}, f"bits {passes} {fl}")
+        for fl, kern, out in _default_and_flagged(monkeypatch, flags, {"tensor_core": passes}, a, b, f"bits {passes}"):
             assert ("hl_Bsm" in kern.text) == (fl.get("GEMM_MMA_B_PLANES", cuda.GEMM_MMA_B_PLANES) and passes == 3)
-            outs.append(np.full((256, 256), np.nan, np.float32))
-            kern(a, b, outs[-1])
+            outs.append(out)
         np.testing.assert_array_equal(outs[1], outs[0], err_msg=f"{passes} passes, {flags}")
         assert _err(outs[0], a.astype(np.float64) @ b.astype(np.float64)) < (TOL_3X if passes == 3 else 1e-2)
 
@@ -148,23 +160,15 @@ def test_mma_session8_flags(flags, monkeypatch):
     """`GEMM_MMA_CHUNK_LOOP` (the 16-k chunks of a BK 32 tile in a loop) gives the same bits as the unrolled chunks;
     `GEMM_MMA_SMALL_TRUNC` (small words read truncated) other bits, within the 3xTF32 tolerance and as accurate as the
     default (the same error bound per operand: tests/null/test_cuda_mma8.py)."""
-    from hlotune.codegen import cuda
-    from hlotune.codegen import cuda_runtime as rt
 
-    hlo = _dot_hlo(256, 1024, 256)
     rng = np.random.default_rng(13)
     a, b = rng.standard_normal((256, 1024)).astype(np.float32), rng.standard_normal((1024, 256)).astype(np.float32)
     want = a.astype(np.float64) @ b.astype(np.float64)
     outs = []
-    for fl in ({}, flags):
-        with monkeypatch.context() as mp:
-            mp.setattr(rt, "_KCACHE", {})     # keyed by the loop function, not by the flags
-            for k, v in fl.items():
-                mp.setattr(cuda, k, v)
-            _, kern = _build(hlo, {"tensor_core": 3, "tiles": (4, 8, 32, 4, 32)}, f"s8 {fl}")
+    for fl, kern, out in _default_and_flagged(monkeypatch, flags, {"tensor_core": 3, "tiles": (4, 8, 32, 4, 32)},
+                                              a, b, "s8"):
         assert "3xTF32 tensor cores" in kern.text and ("hl_kc" in kern.text) == ("GEMM_MMA_CHUNK_LOOP" in fl)
-        outs.append(np.full((256, 256), np.nan, np.float32))
-        kern(a, b, outs[-1])
+        outs.append(out)
     e0, e1 = _err(outs[0], want), _err(outs[1], want)
     print(flags, f"{e0:.2e} {e1:.2e}")
     if "GEMM_MMA_CHUNK_LOOP" in flags:

@@ -152,14 +152,7 @@ def test_emulated_fragments_reproduce_matmul_at_the_loop_nests_accumulators(tile
     mr, nr, ti, tj, bk = tiles
     g = _gemm(*tiles)
     assert _mma_fits(g) and g.stages >= 2 and g.shared_bytes <= cuda.STATIC_SHARED_LIMIT
-    rng = np.random.default_rng(sum(tiles))
-    A = rng.integers(-4, 5, (g.bm, g.k)).astype(np.float64)
-    B = _b_values(rng, (g.k, g.bn))
-    want = A @ B
-    acc = emulate(g, A, B)
-    for tid in range(g.threads):
-        r0, c0 = (tid // tj) * mr, (tid % tj) * nr    # the loop nest's mapping (what the epilogue stores)
-        np.testing.assert_array_equal(acc[tid].reshape(mr, nr), want[r0:r0 + mr, c0:c0 + nr], err_msg=f"tid {tid}")
+    check_emulated_accumulators(g, tiles)
     # the expressions emulated are the ones the template is built from
     text = "\n".join(gemm_text(g, "acc", "A", "B"))
     e = mma_index_exprs(g)
@@ -168,6 +161,20 @@ def test_emulated_fragments_reproduce_matmul_at_the_loop_nests_accumulators(tile
         assert x in text, x
     assert e["a_frag_row"].format(i=mr - 1) in text and e["b_frag_row"].format(k0=bk - 13) in text
     assert text.count("hl_mma_tf32(") == 3 * 2 * (bk // 16)
+
+
+def check_emulated_accumulators(g, tiles) -> None:
+    """The emulated template's accumulators of every thread equal numpy's matmul at the outputs the loop nest gives
+    that thread (what the epilogue stores), on integer A and B values that need both TF32 words."""
+    mr, nr, ti, tj, bk = tiles
+    rng = np.random.default_rng(sum(tiles))
+    A = rng.integers(-4, 5, (g.bm, g.k)).astype(np.float64)
+    B = _b_values(rng, (g.k, g.bn))
+    want = A @ B
+    acc = emulate(g, A, B)
+    for tid in range(g.threads):
+        r0, c0 = (tid // tj) * mr, (tid % tj) * nr
+        np.testing.assert_array_equal(acc[tid].reshape(mr, nr), want[r0:r0 + mr, c0:c0 + nr], err_msg=f"tid {tid}")
 
 
 def _b_values(rng, shape) -> np.ndarray:

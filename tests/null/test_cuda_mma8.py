@@ -21,7 +21,7 @@ from hlotune.codegen.cuda import _Gemm, _mma_fits, gemm_text, generate_cuda, mma
 from hlotune.schedule_space import default_gpu as dg
 from hlotune.schedule_space.default_gpu import default_gpu_schedule
 from hlotune.schedule_space.lower import lower
-from tests.null.test_cuda_mma import _b_values, _gemm, _mm, emulate, tf32
+from tests.null.test_cuda_mma import _gemm, _mm, check_emulated_accumulators, tf32
 
 NVCC = shutil.which("nvcc")
 
@@ -37,14 +37,7 @@ def test_emulated_fragments_reproduce_matmul_for_new_tilings(tiles):
     g3 = _gemm(*tiles, k=8 * bk)
     assert g3.stages == cuda.GEMM_MMA_STAGES == 3
     assert g3.shared_bytes == 4 * 3 * (g3.bm * (bk + g3.pad_a) + bk * g3.bn)
-    rng = np.random.default_rng(sum(tiles))
-    A = rng.integers(-4, 5, (g.bm, g.k)).astype(np.float64)
-    B = _b_values(rng, (g.k, g.bn))
-    want = A @ B
-    acc = emulate(g, A, B)
-    for tid in range(g.threads):
-        r0, c0 = (tid // tj) * mr, (tid % tj) * nr
-        np.testing.assert_array_equal(acc[tid].reshape(mr, nr), want[r0:r0 + mr, c0:c0 + nr], err_msg=f"tid {tid}")
+    check_emulated_accumulators(g, tiles)
 
 
 def _src(m, n, k, opts=None):
