@@ -622,6 +622,8 @@ STREAM_HINTS = True
 def _streamed(src: BufferDecl, dst: BufferDecl) -> bool:
     """A global input read once per element of the stored buffer (at least as many elements): a streaming load."""
     return src.scope == "global" and math.prod(src.shape) >= math.prod(dst.shape)
+
+
 #: hl_fdiv_row: y = RN(1/b) (`__frcp_rn`, the same for every element of the row: nvcc computes it once), q = RN(a y),
 #: r = a - q b (exact: one fma), RN(q + r y) is the correctly rounded a / b (Markstein's theorem) when no step under- or
 #: overflows: |b| in [2^-24, 2^24] and |a| in [2^-54, 2^100] (then q >= 2^-78 and the remainder, a multiple of
@@ -3236,8 +3238,9 @@ def _kernel(name: str, kern: Stmt, params: dict[str, BufferDecl], inputs: set[st
             decls.append(f"__shared__ __align__(16) {ctype(a.dtype)} {sanitize(a.buffer)}[{n}];")
     if dynamic:     # the mma templates' tiles after the kernel's own shared buffers (`_gemm_loops` allows no others)
         for k_, g_ in gemms.items():
-            gemms[k_] = dataclasses.replace(g_, smem_off=off)
-            off += _align16(g_.shared_bytes)
+            if isinstance(g_, _Gemm) and g_.mma:
+                gemms[k_] = dataclasses.replace(g_, smem_off=off)
+                off += _align16(g_.shared_bytes)
     bounds = f"{threads}, 2" if gemms and threads <= 256 else f"{threads}"   # GEMM: at most 128 registers
     if any(isinstance(g, _Gemm) and g.mma and _mma_big_regs(g) for g in gemms.values()):
         bounds = f"{threads}, 1"    # 255 registers: 256-thread mma blocks of big register tiles
