@@ -20,7 +20,9 @@ Map:
                             the K-tile loop, where the tiling fits: `_mma_fits`): 3xTF32 mma.sync m16n8k8 (float32-
                             class error), the loop nest's accumulators used directly as the mma C fragments (TJ = 4
                             makes a warp's 8 x 4 thread grid the fragment's lane grid); `mma_index_exprs` gives its
-                            index expressions (emulated on the CPU by tests/null/test_cuda_mma.py)
+                            index expressions (emulated on the CPU by tests/null/test_cuda_mma.py); on sm_90 for
+                            the tilings `cuda_wgmma.wgmma_fits` takes (`GEMM_WGMMA`): 3xTF32 on wgmma (sm_90a), the
+                            `cuda_wgmma` template (emulated by tests/null/test_cuda_wgmma.py)
   _igemm_info / igemm_text  the implicit-GEMM template: a register-tiled K-tile loop without shared stages whose
                             operands are proven to depend on the thread only through tid / TJ (A) and tid % TJ (B)
                             (a conv reading through an inlined pad, NT / TN dots) gets cooperative shared tiles
@@ -130,6 +132,7 @@ from ..schedule_space.loop_ir import (
     walk_stmts,
 )
 from .cuda_ffma7 import ffma7_fits, ffma7_shared_bytes, ffma7_stages, ffma7_text
+from .cuda_wgmma import wgmma_fits, wgmma_prelude, wgmma_shared_bytes, wgmma_stages, wgmma_text
 
 STATIC_SHARED_LIMIT = 48 * 1024
 
@@ -1783,11 +1786,14 @@ class _Gemm:
     quads: bool = False     # FFMA 8x8 as 2 x 2 quads of 4x4 (`GEMM_QUADS`, `_gemm_quads_text`)
     ffma7: int = 0      # > 0: the 128-thread 128x128 template of `cuda_ffma7` with a ring of this many stages
     smem_off: int = -1  # mma: byte offset of its tiles in the kernel's dynamic shared memory (-1: static arrays)
+    wgmma: bool = False     # mma = 3 on Hopper's warpgroup MMA (`cuda_wgmma`, sm_90a; `GEMM_WGMMA`)
 
     @property
     def shared_bytes(self) -> int:
         if self.ffma7:
             return ffma7_shared_bytes(self, self.ffma7)
+        if self.wgmma:
+            return wgmma_shared_bytes(self, self.stages)
         if self.quads:      # the two stages, or half of the block tile for the move to the loop nest's layout
             return 4 * max(2 * self.bk * (self.bm + 4 + self.bn), self.bm * self.bn // 2)
         if self.mma:    # the ring, and with `GEMM_MMA_B_PLANES` B's small TF32 plane (3xTF32)
@@ -1911,10 +1917,15 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
     g = _Gemm(ga.name, gb.name, st.buffer, m, n, k, bm, bn, bk, mr, nr, t,
               m * k if len(ga.shape) > 2 and nbat > 1 else 0, k * n if len(gb.shape) > 2 and nbat > 1 else 0)
     tc = dict(s.annotations).get("tensor_core", 0)
-    mma = tc in MMA_PASSES and GEMM_MMA and _mma_fits(g)
+    wg = GEMM_WGMMA and tc == 3 and GEMM_MMA and wgmma_fits(g) and \
+        wgmma_stages(g, GEMM_WGMMA_STAGES, GEMM_WGMMA_SHARED_LIMIT) > 0
+    mma = tc in MMA_PASSES and GEMM_MMA and (_mma_fits(g) or wg)
     if g.shared_bytes > STATIC_SHARED_LIMIT and not mma:
         return None
-    if mma:
+    if wg:
+        g = dataclasses.replace(g, mma=3, wgmma=True, a_row=True,
+                                stages=wgmma_stages(g, GEMM_WGMMA_STAGES, GEMM_WGMMA_SHARED_LIMIT))
+    elif mma:
         g = _mma_gemm(g, int(tc))
     elif GEMM_FFMA7 and ffma7_fits(g, STATIC_SHARED_LIMIT) and plan.grid[0] >= GEMM_FFMA7_MIN_BLOCKS:
         g = dataclasses.replace(g, ffma7=ffma7_stages(g, GEMM_FFMA7_STAGES, STATIC_SHARED_LIMIT))
@@ -2358,6 +2369,17 @@ GEMM_MMA_SMALL_TRUNC = False
 #: 255 registers and spills at 4x16 per thread, 209 instead of 145 at 4x8).  Off: the chunks unrolled; the loop (no
 #: spill, 167 registers at 4x8) was 2-6 % slower on the H200 in 9 of 10 cases (session 8)
 GEMM_MMA_CHUNK_LOOP = False
+#: session 9 (issue #7): 3xTF32 dots on Hopper's warpgroup MMA (`cuda_wgmma`: wgmma.mma_async m64nNk8 with A split in
+#: registers, B split once per block into swizzled K-major TF32 planes; sm_90a only, `cuda_runtime.compile_cubin`
+#: picks sm_90a for such texts) for the tilings it takes (`wgmma_fits`: MR 2, NR 16 / 32, TJ 4, BK 32, 128 or 256
+#: threads; the schedule's `TENSOR_CORE_WGMMA` tiles), a ring of GEMM_WGMMA_STAGES raw stages within
+#: GEMM_WGMMA_SHARED_LIMIT bytes of dynamic shared memory (the H200 allows 227 KB per block).  H200 (docs/gpu.md,
+#: session 9, logs/gpu_s9w/call4, cuBLAS float32 interleaved): 4096^3 149.9 % of cuBLAS (75.9k GFLOP/s; the mma
+#: template 100.9 %), rmsnorm_swiglu's dots 159.5 % / 161.4 %; error at 4096^3 6.1e-7 (mma 7.5e-7); off: the mma
+#: template
+GEMM_WGMMA = True
+GEMM_WGMMA_STAGES = 4
+GEMM_WGMMA_SHARED_LIMIT = 220 * 1024
 
 #: sm_80+ tensor-core helpers (added to a module's prelude only when a kernel uses them).  hl_split_tf32: x = big +
 #: small with big = x rounded to TF32 (nearest, ties away: cvt.rna), small = (x - big) rounded to TF32 (x - big is
@@ -2506,7 +2528,10 @@ def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     acc[(2 mi + 1) NR + ni], acc[(2 mi + 1) NR + NR/2 + ni].  K: per 16-k chunk, fragment column t (t + 4) of step s
     is k = 4 t + 2 s (+ 1), so a thread's A values of a row are one float4 (its 4 k) and its B values two rows of
     NR / 2 consecutive columns (`GEMM_MMA_CHUNK_LOOP`: the chunks of a BK > 16 tile in a loop, not unrolled).  The
-    sums over k run in another order than the FFMA template's (and through the tensor cores)."""
+    sums over k run in another order than the FFMA template's (and through the tensor cores).  `g.wgmma`: the
+    warpgroup-MMA template of `cuda_wgmma` instead."""
+    if g.wgmma:
+        return wgmma_text(g, acc, a, b, _gemm_block_pointers(g, a, b))
     e = mma_index_exprs(g)
     na, nb = g.bm * g.bk // 4, g.bk * g.bn // 4
     la, lb = max(1, na // g.threads), max(1, nb // g.threads)
@@ -3090,8 +3115,11 @@ def generate_cuda(func: LoopFunc) -> CudaSource:
         launches.append(launch)
     if any("hl_cp_commit();" in t for t in body_text):
         head.append(CP_ASYNC_PRELUDE)
-    if any("hl_mma_tf32(" in t for t in body_text):
+    if any("hl_mma_tf32(" in t or "hl_split_tf32(" in t for t in body_text):
         head.append(MMA_PRELUDE)
+    wg_ns = sorted({int(x) for t in body_text for x in re.findall(r"hl_wgmma_n(\d+)\(", t)})
+    if wg_ns:
+        head.append(wgmma_prelude(wg_ns))
     if any("hl_ld4_keep(" in t for t in body_text):
         head.append(LD4_KEEP_PRELUDE)
     if any("hl_fdiv_row(" in t or "hl_fdiv_fast(" in t for t in body_text):
@@ -3317,6 +3345,8 @@ def _gemm_loops(kern: Stmt, params: dict[str, BufferDecl], plan: _KernelPlan) ->
                    if n not in inner)
         limit = GEMM_MMA_SHARED_LIMIT if all(isinstance(g, _Gemm) and g.mma for g in out.values()) else \
             STATIC_SHARED_LIMIT
+        if any(isinstance(g, _Gemm) and g.wgmma for g in out.values()):
+            limit = GEMM_WGMMA_SHARED_LIMIT
         if rest + sum(g.shared_bytes for g in out.values()) > max(limit, STATIC_SHARED_LIMIT):
             return {}
         for n in inner:

@@ -2,7 +2,8 @@
 
 Map:
   compile_cubin(text, arch)        nvcc -cubin -O3 -arch=<arch>; cached under <cache_dir>/cuda/ by
-                                   sha256(source, arch, nvcc version, options)
+                                   sha256(source, arch, nvcc version, options); sm_90a for wgmma texts
+                                   (`kernel_arch`)
   nvcc_version()                   "13.0" (from `nvcc --version`), None when nvcc is missing
   detect_cuda_target()             Target(kind="cuda") of GPU 0 (registered as the "cuda" detector)
   build_cuda(func, target)         LoopFunc -> CudaKernel (generate, compile, load, resource checks)
@@ -71,6 +72,12 @@ def nvcc_version() -> str | None:
     return m.group(1) if m else "unknown"
 
 
+def kernel_arch(text: str, arch: str) -> str:
+    """The arch a source is compiled for: sm_90a (Hopper's arch-specific features) for texts that use wgmma
+    (`codegen.cuda_wgmma`) when `arch` is sm_90, else `arch`."""
+    return "sm_90a" if arch == "sm_90" and "wgmma.mma_async" in text else arch
+
+
 def compile_cubin(text: str, arch: str = "sm_90", options: tuple[str, ...] = NVCC_OPTIONS,
                   context: str = "", ptx: bool = False) -> bytes:
     """Compile CUDA C `text` to a cubin (or PTX text) for `arch` (cached on disk); CompileError with nvcc's
@@ -78,6 +85,7 @@ def compile_cubin(text: str, arch: str = "sm_90", options: tuple[str, ...] = NVC
     exe = _nvcc()
     if exe is None:
         raise UnsupportedError("nvcc (the CUDA compiler) is not installed or not on PATH")
+    arch = kernel_arch(text, arch)
     kind = "ptx" if ptx else "cubin"
     key = hashlib.sha256("\0".join([text, arch, nvcc_version() or "", kind, *options]).encode()).hexdigest()
     cdir = os.path.join(str(config.get("cache_dir")), "cuda")

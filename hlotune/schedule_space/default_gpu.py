@@ -82,6 +82,7 @@ def default_gpu_schedule(cd: ComputeDef, target: Target | None = None, rng=None,
     _RNG = rng
     _OPTS = dict(options or {})
     _OPTS.setdefault("sms", target.cores if target is not None and target.kind == "cuda" else SMS)
+    _OPTS.setdefault("hopper", target is None or target.kind != "cuda" or (target.arch or "sm_90").startswith("sm_90"))
     try:
         return _schedule(cd, max_threads, threads if rng is None else int(rng.choice([32, 64, 128, 256, 512])))
     finally:
@@ -403,6 +404,15 @@ _MMA_TILES = ((4, 16, 32, 4, 16, 1.9), (4, 8, 32, 4, 32, 1.9), (4, 8, 32, 4, 16,
 TENSOR_CORE = 3
 TENSOR_CORE_MIN_FLOPS = 1 << 30
 TENSOR_CORE_MIN_K = 1024
+#: session 9: 3xTF32 dots on Hopper's warpgroup MMA (`codegen.cuda_wgmma`; the code generator's GEMM_WGMMA must be on
+#: too): _WGMMA_TILES (MR 2, NR 16 / 32, TJ 4, BK 32, 128 or 256 threads) tried before _MMA_TILES for 3xTF32 dots, from
+#: K = WGMMA_MIN_K (and TENSOR_CORE_MIN_FLOPS) on; 128x128 tiles where they make 0.9 of a wave, else 128x64.  H200
+#: (session 9, logs/gpu_s9g/defaults_ab.json, whole models interleaved): 128x64 tiles for matmul's 1024^3 dot 48.1 ->
+#: 40.4 us (1024^3 alone 138.8 % of cuBLAS against the mma template's 117.0 %); from K 512 (was 1024; before the
+#: float4 epilogue the wgmma K-512 dots were at 83 % of cuBLAS against FFMA's 91 %) transformer_block 265.4 -> 212.7 us
+TENSOR_CORE_WGMMA = True
+_WGMMA_TILES = ((2, 32, 64, 4, 32, 0.9), (2, 16, 64, 4, 32, 0.9))
+WGMMA_MIN_K = 512
 
 
 def _tensor_core(I: int, J: int, K: int, batch: int, max_threads: int) -> int:
@@ -416,16 +426,49 @@ def _tensor_core(I: int, J: int, K: int, batch: int, max_threads: int) -> int:
         want = int(_OPTS["tensor_core"])
         if not want or "tiles" in _OPTS:
             return want
-    elif "tiles" in _OPTS or 2 * I * J * K * batch < TENSOR_CORE_MIN_FLOPS or K < TENSOR_CORE_MIN_K:
+    elif "tiles" in _OPTS or 2 * I * J * K * batch < TENSOR_CORE_MIN_FLOPS or \
+            K < (WGMMA_MIN_K if TENSOR_CORE == 3 and _wgmma_tiles(I, J, K, max_threads) else TENSOR_CORE_MIN_K):
         return 0
     else:
         want = TENSOR_CORE
     return want if _mma_tiles(I, J, K, max_threads) else 0
 
 
+#: tensor-core dots: each thread's NR output columns stored as float4s (the epilogue's column loop split by 4, the inner
+#: loop vectorized; `codegen.cuda`'s vector stores) instead of NR scalar stores per row, for the wgmma template's
+#: tilings (MR 2, NR 16 / 32, TJ 4, BK 32: 32 consecutive floats per thread and row) and, with VEC_EPILOGUE_MMA, the
+#: mma template's (NR 8 / 16).  H200 (session 9, call 4, % of cuBLAS float32 interleaved): wgmma 4096^3 140.1 ->
+#: 149.9 %, 2048 x 2816 x 1024 118.1 -> 159.5 %, 2048 x 1024 x 2816 136.3 -> 161.4 %, rmsnorm_swiglu 721 -> 555 us;
+#: mma template (VEC_EPILOGUE_MMA) 1024^3 104.9 -> 117.0 %, matmul 53.9 -> 48.9 us, dense_bias_relu 40.9 -> 37.9 us
+#: (logs/gpu_s9g/defaults_ab.json), the same bits
+VEC_EPILOGUE_WGMMA = True
+VEC_EPILOGUE_MMA = True
+
+
+def _epilogue_columns(out: str, j: str, mma: int, mr: int, nr: int, ti: int, tj: int, bk: int) -> list[Step]:
+    """The steps of the output stage's per-thread column loop `j`.2: unrolled, or split by 4 with the inner loop
+    vectorized (see VEC_EPILOGUE_WGMMA).  The FFMA template keeps scalar stores: float4 stores measured 83.6 against
+    85.3 % of cuBLAS at 4096^3 and level on the models (session 9, logs/gpu_s9g/ffma_epi)."""
+    wg = mma == 3 and mr == 2 and nr in (16, 32) and tj == 4 and bk == 32 and ti * tj in (128, 256)
+    if mma and nr % 4 == 0 and nr > 4 and (VEC_EPILOGUE_WGMMA if wg else VEC_EPILOGUE_MMA and tj == 4):
+        return [Split(out, f"{j}.2", (4,)), Annotate(out, f"{j}.2.0", ForKind.UNROLLED),
+                Annotate(out, f"{j}.2.1", ForKind.VECTORIZED)]
+    return [Annotate(out, f"{j}.2", ForKind.UNROLLED)]
+
+
 def _mma_tiles(I: int, J: int, K: int, max_threads: int) -> list[tuple]:
-    """The _MMA_TILES entries that divide an (I, J, K) dot (K at least two K steps) within `max_threads`."""
-    return [t for t in _MMA_TILES if I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0 and K % t[4] == 0
+    """The _MMA_TILES entries that divide an (I, J, K) dot (K at least two K steps) within `max_threads`, after the
+    _WGMMA_TILES ones with TENSOR_CORE_WGMMA."""
+    return _wgmma_tiles(I, J, K, max_threads) + _fitting(_MMA_TILES, I, J, K, max_threads)
+
+
+def _wgmma_tiles(I: int, J: int, K: int, max_threads: int) -> list[tuple]:
+    ok = TENSOR_CORE_WGMMA and TENSOR_CORE == 3 and _OPTS.get("hopper", True)
+    return _fitting(_WGMMA_TILES, I, J, K, max_threads) if ok else []
+
+
+def _fitting(tiles, I: int, J: int, K: int, max_threads: int) -> list[tuple]:
+    return [t for t in tiles if I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0 and K % t[4] == 0
             and K > t[4] and t[2] * t[3] <= max_threads]
 
 
@@ -435,7 +478,8 @@ def _tile_sizes(I: int, J: int, K: int, max_threads: int, batch: int = 1,
     if "tiles" in _OPTS:
         return tuple(int(x) for x in _OPTS["tiles"])  # type: ignore[return-value]
     if mma:
-        fits = _mma_tiles(I, J, K, max_threads)
+        wg = _wgmma_tiles(I, J, K, max_threads)
+        fits = wg if wg and K < TENSOR_CORE_MIN_K else _mma_tiles(I, J, K, max_threads)
         for mr, nr, ti, tj, bk, waves in fits:
             if batch * (I // (mr * ti)) * (J // (nr * tj)) >= waves * _OPTS.get("sms", SMS) or \
                     (mr, nr, ti, tj, bk, waves) == fits[-1]:
@@ -489,7 +533,7 @@ def _tiled(cd: ComputeDef, out: str, red: str, axes, red_stage: Stage, max_threa
     steps += [Fuse(out, tuple(blocks)), Annotate(out, "@".join(blocks), ForKind.BLOCK_X)]
     thr = f"{i}.1@{j}.1"
     steps += [Fuse(out, (f"{i}.1", f"{j}.1")), Annotate(out, thr, ForKind.THREAD_X)]
-    steps += [Annotate(out, f"{i}.2", ForKind.UNROLLED), Annotate(out, f"{j}.2", ForKind.UNROLLED)]
+    steps += [Annotate(out, f"{i}.2", ForKind.UNROLLED), *_epilogue_columns(out, j, mma, mr, nr, ti, tj, bk)]
     steps.append(ComputeAt(red, out, thr))
     klast = k_axes[-1].name
     korder = [a.name for a in k_axes[:-1]]

@@ -43,6 +43,16 @@ def mma_cases() -> list:
     return out
 
 
+@pytest.fixture(autouse=True)
+def _mma_not_wgmma(monkeypatch):
+    """These tests are about the mma.sync template: the wgmma template (session 9, tests/gpu/test_cuda_wgmma.py) off."""
+    from hlotune.codegen import cuda
+    from hlotune.schedule_space import default_gpu as dg
+
+    monkeypatch.setattr(cuda, "GEMM_WGMMA", False)
+    monkeypatch.setattr(dg, "TENSOR_CORE_WGMMA", False)
+
+
 def _build(hlo_or_sg, opts: dict, label: str):
     import hlotune
     from hlotune.codegen.cuda_runtime import build_cuda

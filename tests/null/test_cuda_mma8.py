@@ -25,7 +25,16 @@ from tests.null.test_cuda_mma import _gemm, _mm, check_emulated_accumulators, tf
 
 NVCC = shutil.which("nvcc")
 
-#: tilings new in session 8 (MR, NR, TI, TJ, BK): BK 32 (4x8 is the 1024^3 default), 256 threads
+@pytest.fixture(autouse=True)
+def _mma_not_wgmma(monkeypatch):
+    """These tests are about the mma.sync template: the wgmma template (session 9, tests/null/test_cuda_wgmma.py) off,
+    and its float4 epilogue too (the texts checked here are session 8's)."""
+    monkeypatch.setattr(cuda, "GEMM_WGMMA", False)
+    monkeypatch.setattr(dg, "TENSOR_CORE_WGMMA", False)
+    monkeypatch.setattr(dg, "VEC_EPILOGUE_MMA", False)
+
+
+#: tilings new in session 8 (MR, NR, TI, TJ, BK): BK 32 (4x8 is the 1024^3 mma default), 256 threads
 NEW_TILES = ((4, 8, 32, 4, 32), (4, 16, 32, 4, 32), (4, 16, 64, 4, 16), (8, 8, 32, 4, 16))
 
 

@@ -63,6 +63,8 @@ def test_short_k_dots_take_128_thread_gemm_tiles(monkeypatch):
     (the loop-IR interpreter on a small dot with that tiling)."""
     import hlotune.schedule_space.default_gpu as dg
 
+    monkeypatch.setattr(dg, "TENSOR_CORE_WGMMA", False)   # since session 9 these dots take wgmma on Hopper
+    short = dg._SHORT_K_TILES
     sg = _sg("transformer_block", "dot_general.6")
     cd = sg.workload.compute
     text = generate_cuda(lower(cd, default_gpu_schedule(cd), name="k"))
@@ -71,7 +73,7 @@ def test_short_k_dots_take_128_thread_gemm_tiles(monkeypatch):
     monkeypatch.setattr(dg, "_SHORT_K_TILES", ())
     (old,) = generate_cuda(lower(cd, default_gpu_schedule(cd), name="k")).launches
     assert (old.grid, old.block) == ((256, 1, 1), (256, 1, 1))
-    monkeypatch.undo()
+    monkeypatch.setattr(dg, "_SHORT_K_TILES", short)
     assert dg._tile_sizes(4096, 4096, 4096, 1024)[:4] == dg._WARP_ROW_TILES[0][:4]   # K 4096: unchanged
     assert dg._tile_sizes(4096, 512, 512, 1024)[:4] == dg._SHORT_K_TILES[0][:4]
     hlo = """HloModule d
