@@ -211,24 +211,13 @@ def memory_bound(name: str, torch, copy_gbs: float, log) -> list[dict]:
 
 
 #: codegen.cuda flags that take the cp.async ring wherever GEMM_STAGES >= 2 (whatever the register tile and grid)
-ASYNC_ALWAYS = {"GEMM_ASYNC_MAX_MR": 1 << 30, "GEMM_ASYNC_MR8_BLOCKS": 0, "GEMM_QUADS": False}
+ASYNC_ALWAYS = {"GEMM_ASYNC_MAX_MR": 1 << 30, "GEMM_ASYNC_MR8_BLOCKS": 0}
 MATMUL_VARIANTS = {  # label -> ((MR, NR, TI, TJ, BK), GEMM template: True / False / "nosplit" (8 columns per
     # thread with B's shared rows not split in halves) / a dict of codegen.cuda flags); the template needs BK % 4 == 0;
     # "cp.async S A^T / A row": GEMM_STAGES = S with A transposed by 4-byte copies / kept row-major (GEMM_A_ROW)
     "16x4/8x32/bk8": ((16, 4, 8, 32, 8), {"GEMM_STAGES": 0}),
-    "8x8/16x16/bk8": ((8, 8, 16, 16, 8), {"GEMM_STAGES": 0, "GEMM_QUADS": False}),
+    "8x8/16x16/bk8": ((8, 8, 16, 16, 8), {"GEMM_STAGES": 0}),
     "8x4/8x32/bk16": ((8, 4, 8, 32, 16), {"GEMM_STAGES": 0}),
-    # session 6: 8x8 as 2 x 2 quads of 4x4, fragments double-buffered in registers (codegen.cuda.GEMM_QUADS, off
-    # by default: 42.1k against 43.2k GFLOP/s for 16x4 at 4096^3)
-    "8x8/16x16/bk8 quads": ((8, 8, 16, 16, 8), {"GEMM_STAGES": 0, "GEMM_QUADS": True, "GEMM_QUADS_MIN_BLOCKS": 0}),
-    # session 7: 128 threads, 128x128 block tiles, 8x16 / 16x8 per thread as quads of 4x4, a cp.async ring of S
-    # stages, the tile moved to the loop nest's layout after the K loop (codegen.cuda_ffma7, GEMM_FFMA7)
-    **{f"{t} ffma7 {st}": (tiles, {"GEMM_FFMA7": True, "GEMM_FFMA7_STAGES": st, "GEMM_FFMA7_MIN_BLOCKS": 0,
-                                   "GEMM_STAGES": 0})
-       for t, tiles, sts in (("8x16/16x8/bk8", (8, 16, 16, 8, 8), (2, 3, 4)),
-                             ("8x16/16x8/bk16", (8, 16, 16, 8, 16), (2,)),
-                             ("16x8/8x16/bk8", (16, 8, 8, 16, 8), (3,)))
-       for st in sts},
     **{f"{t} cp.async {st} {'A row' if row else 'A^T'}":
        (tiles, {"GEMM_STAGES": st, "GEMM_A_ROW": bool(row), **ASYNC_ALWAYS})
        for t, tiles, cfg in (("16x4/8x32/bk8", (16, 4, 8, 32, 8), ((3, 0), (3, 1), (4, 1))),
@@ -245,8 +234,7 @@ EW_VARIANTS = {"per1/t256 (default)": {"per": 1, "threads": 256}, "per2/t256": {
                # sin / cos (sin_mul_add only): session 6's default selects between both polynomials
                "sin: quadrant branch (session 5)": {"flags": {"SIN_SELECT": False}},
                "sin: float reduction, library call inline": {"flags": {"SIN_FLOAT_REDUCTION": True,
-                                                                       "SIN_HUGE_CALL": False}},
-               "sin: float reduction, shifter": {"flags": {"SIN_FLOAT_REDUCTION": True, "SIN_SHIFTER": True}}}
+                                                                       "SIN_HUGE_CALL": False}}}
 #: GEMM-bound subgraph variants (`--variants gemm`): (model, subgraph, label, schedule options, codegen flags); the
 #: first of each subgraph is the code before the implicit-GEMM template; conv tiles (MH, MW, TH, TW, NR, TJ, BK),
 #: dot tiles (MR, NR, TI, TJ, BK)
@@ -594,7 +582,6 @@ def _ew_kernel(cd, name: str, opts: dict, build):
 
 _S5 = {"row_regs": False}    # the session-5 schedule: the row re-read from L1, softmax's exp in shared memory
 _REGS = {"row_regs": True}   # session 6: the row (and softmax's exp) in registers
-_RELOAD = {"ROW_PREFETCH_RELOAD": True}
 _DIV = {"ROW_DIV_RCP": True, "ROW_DIV_GROUPED": False}
 _DIV4 = {"ROW_DIV_RCP": True, "ROW_DIV_GROUPED": True}
 _W2, _W4 = {**_REGS, "row_lanes": 64}, {**_REGS, "row_lanes": 128}
@@ -606,30 +593,16 @@ ROW_LANE_VARIANTS = {"registers, 1 warp/row, 16 rows/block": ({**_W1, "rows": 16
                      "registers, 2 warps/row, 16 rows/block": ({**_W2, "rows": 16}, {}),
                      "registers, 2 warps/row, 8 rows/block, __syncthreads": ({**_W2, "rows": 8},
                                                                             {"ROW_BARRIERS": False}),
-                     "registers, 2 warps/row, 8 rows/block, at most 42 regs (3 blocks/SM)": ({**_W2, "rows": 8},
-                                                                                            {"ROW_MIN_BLOCKS": 3}),
                      "registers, 4 warps/row, 4 rows/block": ({**_W4, "rows": 4}, {}),
-                     "registers, 4 warps/row, 2 rows/block": ({**_W4, "rows": 2}, {}),
-                     "registers, 4 warps/row, 4 rows/block, at most 32 regs (4 blocks/SM)": ({**_W4, "rows": 4},
-                                                                                            {"ROW_MIN_BLOCKS": 4})}
+                     "registers, 4 warps/row, 2 rows/block": ({**_W4, "rows": 2}, {})}
 _IEEE = {"ROW_DIV_RCP": False, "ROW_DIV_EXPR": False, "ROW_DIV_GROUPED": False}   # session 7: the IEEE division
 _RDIV = {"ROW_DIV_RCP": True, "ROW_DIV_EXPR": True, "ROW_DIV_GROUPED": False}   # sum / sqrt(var + eps): one reciprocal
 _RDIV4 = {**_RDIV, "ROW_DIV_GROUPED": True}     # the same, one range guard per float4 (the default since session 7b)
-_FULL = {"ROW_ALLREDUCE_FULL": True}
 #: session 7b: the division by a row's scalar (or an expression of them) through one reciprocal per row + Markstein's
-#: correction, and the warp all-reduce without "has a value" flags (all bit for bit the IEEE kernel's results)
+#: correction (bit for bit the IEEE kernel's results; session 9 removed the all-reduce without "has a value" flags)
 ROW_S7B_VARIANTS = {"7b: 2 warps/row, 8 rows/block, IEEE division (session 7)": ({**_W2, "rows": 8}, _IEEE),
                     "7b: 2 warps/row, 8 rows/block, row division": ({**_W2, "rows": 8}, _RDIV),
                     "7b: 2 warps/row, 8 rows/block, row division, one guard per float4": ({**_W2, "rows": 8}, _RDIV4),
-                    "7b: 2 warps/row, 8 rows/block, all-reduce without flags": ({**_W2, "rows": 8}, {**_IEEE, **_FULL}),
-                    "7b: 2 warps/row, 8 rows/block, row division + all-reduce without flags":
-                        ({**_W2, "rows": 8}, {**_RDIV, **_FULL}),
-                    "7b: 2 warps/row, 8 rows/block, row division per float4 + all-reduce without flags":
-                        ({**_W2, "rows": 8}, {**_RDIV4, **_FULL}),
-                    "7b: 2 warps/row, 4 rows/block, row division + all-reduce without flags":
-                        ({**_W2, "rows": 4}, {**_RDIV, **_FULL}),
-                    "7b: 4 warps/row, 4 rows/block, row division + all-reduce without flags":
-                        ({**_W4, "rows": 4}, {**_RDIV, **_FULL}),
                     "7b: 2 warps/row, 4 rows/block, row division per float4": ({**_W2, "rows": 4}, _RDIV4),
                     "7b: 2 warps/row, 16 rows/block, row division per float4": ({**_W2, "rows": 16}, _RDIV4),
                     "7b: 4 warps/row, 4 rows/block, row division per float4": ({**_W4, "rows": 4}, _RDIV4),
@@ -638,7 +611,6 @@ ROW_S7B_VARIANTS = {"7b: 2 warps/row, 8 rows/block, IEEE division (session 7)": 
 #: the variants `row_interleaved` times against the default (session 7b's second call: the default is the 2 x 8
 #: "row division, one guard per float4" kernel)
 ROW_INTERLEAVED_LABELS = ["7b: 2 warps/row, 8 rows/block, IEEE division (session 7)",
-                          "7b: 2 warps/row, 8 rows/block, row division per float4 + all-reduce without flags",
                           "7b: 2 warps/row, 4 rows/block, row division per float4",
                           "7b: 2 warps/row, 16 rows/block, row division per float4",
                           "7b: 4 warps/row, 4 rows/block, row division per float4",
@@ -654,14 +626,9 @@ ROW_VARIANTS = {"default": ({}, {}), "session 5 (8 rows/block, row re-read, exp 
                 "registers, 8 rows/block": ({**_REGS, "rows": 8}, {}),
                 "registers, 4 rows/block": ({**_REGS, "rows": 4}, {}),
                 "registers, 32 rows/block": ({**_REGS, "rows": 32}, {}),
-                "registers, 16 rows/block, at most 42 regs (3 blocks/SM)": ({**_REGS, "rows": 16},
-                                                                           {"ROW_MIN_BLOCKS": 3}),
-                "registers, 8 rows/block, at most 51 regs (5 blocks/SM)": ({**_REGS, "rows": 8}, {"ROW_MIN_BLOCKS": 5}),
                 # K rows per warp, the next row's loads issued before this row's work
                 "registers, 2 rows/warp, 8 rows/block": ({**_REGS, "row_pipe": 2, "rows": 8}, {}),
                 "registers, 2 rows/warp, 16 rows/block": ({**_REGS, "row_pipe": 2, "rows": 16}, {}),
-                "registers, 2 rows/warp, 16 rows/block, reload": ({**_REGS, "row_pipe": 2, "rows": 16}, _RELOAD),
-                "registers, 4 rows/warp, 4 rows/block, reload": ({**_REGS, "row_pipe": 4, "rows": 4}, _RELOAD),
                 # session 6b: softmax's division by the row's sum through one reciprocal per row (exact: Markstein)
                 "registers, division by one reciprocal per row": ({**_REGS}, _DIV),
                 "registers, 8 rows/block, division by one reciprocal per row": ({**_REGS, "rows": 8}, _DIV),
@@ -1043,7 +1010,7 @@ def precompile(log) -> int:
     for op in ("sine", "cosine"):
         (sg,) = hlotune.load_model(_unary(op, len(sin_inputs()))).frontend.subgraphs
         for fl in SIN_CASES:
-            for flags in (dict(zip(("SIN_FLOAT_REDUCTION", "SIN_SELECT", "SIN_SHIFTER"), fl)), base_flags(fl)):
+            for flags in (dict(zip(("SIN_FLOAT_REDUCTION", "SIN_SELECT"), fl)), base_flags(fl)):
                 _variant_kernel(sg.workload.compute, f"math_{op}", {}, flags, add)
     for name in MODEL_NAMES:
         for sg in hlotune.load_model(str(model_path(name))).frontend.subgraphs:

@@ -15,7 +15,7 @@ Map:
                             tiled dot of the default schedule becomes shared tiles filled by a 3-stage cp.async ring
                             (A row-major; `GEMM_STAGES`, `GEMM_A_ROW`) or, for 16-row register tiles and 8-row ones in
                             small grids, double-buffered float4 register prefetch (A transposed), one barrier per K
-                            tile (`GEMM_TEMPLATE`); 8x8 on 16x16 threads as 2 x 2 quads of 4x4 (`GEMM_QUADS`, off)
+                            tile (`GEMM_TEMPLATE`)
   _gemm_mma_text            the GEMM template on tensor cores, chosen by the schedule (a ("tensor_core", 3) pragma on
                             the K-tile loop, where the tiling fits: `_mma_fits`): 3xTF32 mma.sync m16n8k8 (float32-
                             class error), the loop nest's accumulators used directly as the mma C fragments (TJ = 4
@@ -131,7 +131,6 @@ from ..schedule_space.loop_ir import (
     Store,
     walk_stmts,
 )
-from .cuda_ffma7 import ffma7_fits, ffma7_shared_bytes, ffma7_stages, ffma7_text
 from .cuda_wgmma import wgmma_fits, wgmma_prelude, wgmma_shared_bytes, wgmma_stages, wgmma_text
 
 STATIC_SHARED_LIMIT = 48 * 1024
@@ -219,8 +218,7 @@ def _f32(v) -> float:
     return min((x for x in cands if math.isfinite(x)), key=lambda x: abs(Fraction(x) - v))
 
 
-def _float_math(float_reduction: bool = False, huge_call: bool = False, select: bool | None = None,
-                shifter: bool = False) -> str:
+def _float_math(float_reduction: bool = False, huge_call: bool = False, select: bool | None = None) -> str:
     """float32 exp, sin and cos without the FP64 library's slow paths (bounds: `FLOAT_MATH_ULP`).
 
     exp: clamp to [-104, 89], n = rint(x log2 e), r = x - n ln2 (two-part Cody-Waite, the first part 16 bits so
@@ -234,8 +232,6 @@ def _float_math(float_reduction: bool = False, huge_call: bool = False, select: 
     double sin / cos (`huge_call`: through a non-inlined function).  `float_reduction`: |x| < 2^17 reduce in
     float alone: pi/2 = p1 + p2 + p3 (float32 parts), x - k p1 exact (fma), k p2 as an exact pair (fma; the
     product through __fmul_rn so that nvcc does not contract it into the TwoSum), a TwoSum, k p3 into the tail.
-    `shifter` (with `float_reduction`): k = fmaf(x, 2/pi, 1.5 * 2^23) - 1.5 * 2^23 and the quadrant from the low
-    bits of that sum (no float -> int conversion, no rintf; k is the nearest integer of the exact x (2/pi)_f).
     `select`: both polynomials evaluated and the quadrant's one selected (no branch; the same values); None: the
     module's SIN_SELECT.
     """
@@ -257,8 +253,7 @@ def _float_math(float_reduction: bool = False, huge_call: bool = False, select: 
             acc = f"fmaf({acc}, {var}, {_hex(c)})"
         return acc
 
-    k_text = (f"const float kt = fmaf(x, {_hex(2 / pi)}, 12582912.0f);\n    const float k = kt - 12582912.0f"
-              if shifter else f"const float k = rintf(x * {_hex(2 / pi)})")
+    k_text = f"const float k = rintf(x * {_hex(2 / pi)})"
     vc = f"1.0f + fmaf(z, {horner(cos_c, 'z')}, -r * rl)"
     vs = f"r + fmaf(r * z, {horner(sin_c, 'z')}, rl)"
     quadrant = (f"  const float vc = {vc};\n  const float vs = {vs};\n  float v = (q & 1) ? vc : vs;" if select else
@@ -290,7 +285,7 @@ HL_INL float hl_exp(float x) {{
     const float lo = fmaf(-k, {_hex(p3)}, e - tl);
     r = s + lo;
     rl = lo - (r - s);
-    q = ({"__float_as_int(kt)" if shifter else "(int)k"} + cosine) & 3;
+    q = ((int)k + cosine) & 3;
   }} else if (fabsf(x) < 1073741824.0f) {{   // double: exact first step up to 2^30
     const double xd = (double)x;
     const double t = fma(xd, {_hex(float(2 / pi), False)}, 6755399441055744.0);
@@ -334,19 +329,16 @@ def _hi_bits(v: Fraction, bits: int) -> float:
 SIN_FLOAT_REDUCTION = False
 SIN_HUGE_CALL = False
 #: session 6 (`_float_math`): both polynomials and a select instead of the quadrant branch (on by default: the same
-#: values bit for bit, sin_mul_add 38.3 -> 37.6 us on the H200); the float reduction's k through the 1.5 * 2^23
-#: shifter (with SIN_FLOAT_REDUCTION; off: 41-47 us, the float reduction's FP32 instructions cost more than the
-#: double reduction's conversions)
+#: values bit for bit, sin_mul_add 38.3 -> 37.6 us on the H200)
 SIN_SELECT = True
-SIN_SHIFTER = False
-_SIN_DEFAULTS = (SIN_FLOAT_REDUCTION, SIN_HUGE_CALL, SIN_SELECT, SIN_SHIFTER)
+_SIN_DEFAULTS = (SIN_FLOAT_REDUCTION, SIN_HUGE_CALL, SIN_SELECT)
 _PRELUDE_BASE = PRELUDE
 PRELUDE += _float_math(*_SIN_DEFAULTS)
 
 
 def _prelude() -> str:
     """PRELUDE, or its variant for the current SIN_* settings."""
-    flags = (SIN_FLOAT_REDUCTION, SIN_HUGE_CALL, SIN_SELECT, SIN_SHIFTER)
+    flags = (SIN_FLOAT_REDUCTION, SIN_HUGE_CALL, SIN_SELECT)
     if flags == _SIN_DEFAULTS:
         return PRELUDE
     return _PRELUDE_BASE + _float_math(*flags)
@@ -594,11 +586,6 @@ LANE_REGISTERS_WIDE = True
 #: the current row's work (`_Emitter.row_prefetch`)
 ROW_PREFETCH = True
 ROW_PREFETCH_UNROLL = True    # the row loop unrolled (False: a rolled loop, nothing hoisted across rows)
-#: float4 loads of row-invariant inputs in that loop (layernorm's scale and bias) through `hl_ld4_keep` (volatile
-#: ld.global.nc: loaded again for every row from L1 instead of hoisted and kept live across the rows)
-ROW_PREFETCH_RELOAD = False
-#: kernels with lane-register rows: __launch_bounds__(threads, ROW_MIN_BLOCKS) (0: no minimum; a variant)
-ROW_MIN_BLOCKS = 0
 #: float32 division by a row's scalar (a size-1 local of a row-register kernel: softmax's sum) through one reciprocal
 #: per row and Markstein's correction (`hl_fdiv_row`, exactly the IEEE quotient inside its range guard; on since
 #: session 7b, with ROW_DIV_GROUPED: softmax 4096 x 1024 10.2 -> 9.1 us on the H200)
@@ -610,9 +597,6 @@ ROW_DIV_GROUPED = True
 #: for every element of the row) through `hl_fdiv_row` too (nvcc evaluates the expression, its reciprocal and the
 #: divisor's half of the range guard once per row; on since session 7b: layernorm 8192 x 1024 21.0 -> 20.3 us)
 ROW_DIV_EXPR = True
-#: thread-local warp all-reduces (row kernels) over a multiple of 32 partials: every lane reads at least one, so
-#: the "has a value" flags (always true) and their shuffles are left out; the same values in the same order
-ROW_ALLREDUCE_FULL = False
 #: vectorized global loads of inputs at least as large as the buffer stored (read once: `_streamed`) and vectorized
 #: global stores with the streaming cache hint (`__ldcs` / `__stcs`, evict first) instead of plain loads and stores;
 #: smaller inputs (a row's scale, a broadcast bias: read by many blocks) stay plain.  H200, session 8, two calls, 9
@@ -648,13 +632,6 @@ HL_INL float hl_fdiv_fast(float a, float b) {
 HL_INL bool hl_div_ok(float a, float b) {
   const float aa = fabsf(a), ab = fabsf(b);
   return (ab >= 0x1p-24f) & (ab <= 0x1p24f) & (aa >= 0x1p-54f) & (aa <= 0x1p100f);
-}
-"""
-LD4_KEEP_PRELUDE = r"""
-HL_INL float4 hl_ld4_keep(const float* p) {
-  float4 v;
-  asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
-  return v;
 }
 """
 
@@ -837,7 +814,6 @@ class _Emitter:
         self.n_xred = 0           # cross-thread reductions emitted (unique names)
         self.gemms: dict[str, _Gemm | _IGemm] = {}   # loop var -> GEMM template (`_gemm_loops`)
         self.n_vec = 0            # vectorized stores emitted (unique names)
-        self.row_var = ""         # the prefetched row loop's variable, with ROW_PREFETCH_RELOAD
         self.div_group: list[tuple[str, str]] | None = None   # a float4 store's quotients (ROW_DIV_GROUPED)
         self.plain_div = False    # the division itself (a grouped store's fallback)
 
@@ -993,9 +969,7 @@ class _Emitter:
         for a, fill in chain:
             self.stmt(_stmt_map(fill, a.buffer, a.buffer + ".pf", {s.var.name: nxt}), d + 3, bb, bt)
         self.line(d + 2, "}")
-        self.row_var = s.var.name if ROW_PREFETCH_RELOAD else ""
         self.stmt(rest, d + 2, bb, bt)
-        self.row_var = ""
         self.line(d + 1, "}")
         self.line(d, "}")
         self.bufs = saved
@@ -1054,28 +1028,18 @@ class _Emitter:
         nw = self.plan.block[0] // 32
 
         if self._decl(st.buffer).scope == "local":   # thread-local total: butterfly, every lane gets it
-            # with ROW_ALLREDUCE_FULL over a multiple of 32 partials every lane reads E / 32 >= 1 of them: no flags
-            full = ROW_ALLREDUCE_FULL and isinstance(s.const_extent, int) and s.const_extent % 32 == 0
-            self.line(d, "{  // warp all-reduce" + (" (every lane has a partial)" if full else ""))
+            self.line(d, "{  // warp all-reduce")
             lane = "threadIdx.x" if self.plan.block[0] == 32 else "(threadIdx.x & 31)"   # every warp: all of E
-            if full:
-                self.line(d + 1, f"{self.idx} {v} = ({self.idx}){lane};")
-                self.line(d + 1, f"{rt} {acc} = {self.expr(e)};")
-                self.line(d + 1, f"for ({v} += 32; {v} < {s.const_extent}; {v} += 32) {{")
-            else:
-                self.line(d + 1, f"{rt} {acc} = ({rt})0; bool {has} = false;")
-                self.line(d + 1, f"for ({self.idx} {v} = ({self.idx}){lane}; {v} < {s.const_extent}; {v} += 32) {{")
+            self.line(d + 1, f"{rt} {acc} = ({rt})0; bool {has} = false;")
+            self.line(d + 1, f"for ({self.idx} {v} = ({self.idx}){lane}; {v} < {s.const_extent}; {v} += 32) {{")
             self.line(d + 2, f"{rt} {x} = {self.expr(e)};")
-            self.line(d + 2, f"{acc} = {comb};" if full else f"{acc} = {has} ? {comb} : {x}; {has} = true;")
+            self.line(d + 2, f"{acc} = {has} ? {comb} : {x}; {has} = true;")
             self.line(d + 1, "}")
             self.line(d + 1, "#pragma unroll")
             self.line(d + 1, "for (int hl_o = 16; hl_o > 0; hl_o >>= 1) {")
             self.line(d + 2, f"{rt} {x} = __shfl_xor_sync(0xffffffffu, {acc}, hl_o);")
-            if full:
-                self.line(d + 2, f"{acc} = {comb};")
-            else:
-                self.line(d + 2, f"bool hl_h = __shfl_xor_sync(0xffffffffu, (int){has}, hl_o) != 0;")
-                self.line(d + 2, f"if (hl_h) {{ {acc} = {has} ? {comb} : {x}; {has} = true; }}")
+            self.line(d + 2, f"bool hl_h = __shfl_xor_sync(0xffffffffu, (int){has}, hl_o) != 0;")
+            self.line(d + 2, f"if (hl_h) {{ {acc} = {has} ? {comb} : {x}; {has} = true; }}")
             self.line(d + 1, "}")
             fin = Store(st.buffer, st.indices, Binary(op, Load(st.buffer, st.indices, dt), Var(acc, dt), dt))
             self.store(fin, d + 1, bb, bt)
@@ -1201,10 +1165,7 @@ class _Emitter:
             dd += 1
         for (buf, _), (name, idx) in loads.items():
             off = self.offset(self._decl(buf), idx)
-            if nv == 4 and self.row_var and not any(self.row_var in _vars(i) for i in idx):
-                # a row-invariant input in the prefetched row loop: loaded again per row (L1), not kept live
-                self.line(dd, f"const {vt} {name} = hl_ld4_keep(&{sanitize(buf)}[{off}]);")
-            elif STREAM_HINTS and _streamed(self._decl(buf), decl):
+            if STREAM_HINTS and _streamed(self._decl(buf), decl):
                 self.line(dd, f"const {vt} {name} = __ldcs((const {vt}*)&{sanitize(buf)}[{off}]);")
             else:
                 self.line(dd, f"const {vt} {name} = *(const {vt}*)&{sanitize(buf)}[{off}];")
@@ -1739,26 +1700,6 @@ GEMM_A_ROW = True
 #: 42.5 us)
 GEMM_ASYNC_MAX_MR = 8
 GEMM_ASYNC_MR8_BLOCKS = 256
-#: 8x8 register tiles on 16x16 threads (128x128 block tiles): computed as 2 x 2 quads of 4x4 (rows ty * 4 and
-#: BM/2 + ty * 4, columns tx * 4 and BN/2 + tx * 4; a warp's lanes 4 x 8 of (ty, tx)), so per k a thread reads two
-#: float4 of A and two of B (a warp: 4 and 8 distinct float4, no bank conflicts), the next k's fragments loaded
-#: before the current k's FFMAs (register double buffering); the tile moves to the loop nest's row-major register
-#: tile through shared memory once after the K loop (`_gemm_quads_text`; off: the register tile computed in place).
-#: Off: slower on the H200 (logs/gpu_s6g: 4096^3 42.1k GFLOP/s, 128 registers, no spill, against 43.2k for the
-#: 16x4 default and 42.7k for 8x8/16x16 in place); a variant of `gpu_session.py --variants matmul`
-GEMM_QUADS = False
-#: ... in grids of at least this many blocks (big dots only)
-GEMM_QUADS_MIN_BLOCKS = 512
-#: session 7 (issue #7): 128x128 block tiles on 128 threads (2 x 2 warps of 64x64), 8x16 or 16x8 per thread as quads
-#: of 4x4, the next k's fragments read before the current k's FFMAs, a cp.async ring of GEMM_FFMA7_STAGES stages
-#: (A transposed by 4-byte copies), the tile moved to the loop nest's register tile through shared memory after the
-#: K loop (`codegen.cuda_ffma7`); for the tilings it takes (`ffma7_fits`) in grids of at least
-#: GEMM_FFMA7_MIN_BLOCKS blocks.  Off: slower on the H200 (logs/gpu_s7g, same call, 4096^3: 8x16 BK 8 38.6k GFLOP/s
-#: at 2-4 stages, BK 16 2 stages 41.7k, 16x8 BK 8 40.6k, against 43.1k for the 16x4 default; 254-255 registers, no
-#: spill); a variant of `gpu_session.py --variants matmul` (tiles (8, 16, 16, 8, BK) or (16, 8, 8, 16, BK))
-GEMM_FFMA7 = False
-GEMM_FFMA7_STAGES = 3
-GEMM_FFMA7_MIN_BLOCKS = 512
 
 
 @dataclass(frozen=True)
@@ -1783,19 +1724,13 @@ class _Gemm:
     a_row: bool = False     # cp.async: A row-major in shared memory (`GEMM_A_ROW`)
     mma: int = 0        # tensor cores (`_gemm_mma_text`): TF32 passes per product, 3 (3xTF32) or 1; 0: FFMA
     pad_a: int = 4      # mma: floats of padding per row of A's shared tile (`_mma_pad_a`)
-    quads: bool = False     # FFMA 8x8 as 2 x 2 quads of 4x4 (`GEMM_QUADS`, `_gemm_quads_text`)
-    ffma7: int = 0      # > 0: the 128-thread 128x128 template of `cuda_ffma7` with a ring of this many stages
     smem_off: int = -1  # mma: byte offset of its tiles in the kernel's dynamic shared memory (-1: static arrays)
     wgmma: bool = False     # mma = 3 on Hopper's warpgroup MMA (`cuda_wgmma`, sm_90a; `GEMM_WGMMA`)
 
     @property
     def shared_bytes(self) -> int:
-        if self.ffma7:
-            return ffma7_shared_bytes(self, self.ffma7)
         if self.wgmma:
             return wgmma_shared_bytes(self, self.stages)
-        if self.quads:      # the two stages, or half of the block tile for the move to the loop nest's layout
-            return 4 * max(2 * self.bk * (self.bm + 4 + self.bn), self.bm * self.bn // 2)
         if self.mma:    # the ring, and with `GEMM_MMA_B_PLANES` B's small TF32 plane (3xTF32)
             plane = self.bk * self.bn if GEMM_MMA_B_PLANES and self.mma == 3 else 0
             return 4 * (self.stages * (self.bm * (self.bk + self.pad_a) + self.bk * self.bn) + plane)
@@ -1927,10 +1862,6 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
                                 stages=wgmma_stages(g, GEMM_WGMMA_STAGES, GEMM_WGMMA_SHARED_LIMIT))
     elif mma:
         g = _mma_gemm(g, int(tc))
-    elif GEMM_FFMA7 and ffma7_fits(g, STATIC_SHARED_LIMIT) and plan.grid[0] >= GEMM_FFMA7_MIN_BLOCKS:
-        g = dataclasses.replace(g, ffma7=ffma7_stages(g, GEMM_FFMA7_STAGES, STATIC_SHARED_LIMIT))
-    elif _quads_fit(g) and plan.grid[0] >= GEMM_QUADS_MIN_BLOCKS:
-        g = dataclasses.replace(g, quads=True)
     elif GEMM_STAGES >= 2 and mr <= GEMM_ASYNC_MAX_MR and (mr < 8 or plan.grid[0] >= GEMM_ASYNC_MR8_BLOCKS):
         per_stage = 4 * bk * (bm + 4 + bn)
         stages = min(GEMM_STAGES, STATIC_SHARED_LIMIT // per_stage, kt + 1)
@@ -2031,12 +1962,8 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     (`_gemm_mma_text`)."""
     if g.mma:
         return _gemm_mma_text(g, acc, a, b)
-    if g.ffma7:     # session 7: 128 threads, 128x128, 8x16 / 16x8 in quads, a cp.async ring
-        return ffma7_text(g, acc, a, b, g.ffma7)
     if g.stages >= 2:
         return _gemm_async_text(g, acc, a, b)
-    if g.quads:
-        return _gemm_quads_text(g, acc, a, b)
     tj = g.bn // g.nr
     na, nb = g.bm * g.bk // 4, g.bk * g.bn // 4        # float4s per tile
     la, lb = max(1, na // g.threads), max(1, nb // g.threads)
@@ -2093,98 +2020,6 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
                                    split_frag() if split else frag("hl_b", "hl_Bs[hl_cur][hl_kk]", g.nr, "hl_c0")),
           "}"]
     return o
-
-
-def _quads_fit(g: _Gemm) -> bool:
-    """`GEMM_QUADS` takes this FFMA tiling: 8x8 per thread on 16 x 16 threads, one float4 of A and of B per thread
-    and K tile (BK 8), the quad tile's shared memory within the static limit."""
-    return (GEMM_QUADS and g.mr == 8 and g.nr == 8 and g.threads == 256 and g.bm == 128 and g.bn == 128
-            and g.bk == 8 and dataclasses.replace(g, quads=True).shared_bytes <= STATIC_SHARED_LIMIT)
-
-
-def _gemm_quads_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
-    """The FFMA GEMM template for 8x8 register tiles on 16 x 16 threads (`GEMM_QUADS`): double-buffered shared
-    tiles with the register prefetch of `gemm_text` (A transposed), but thread (ty, tx) (lanes 4 x 8 of a warp,
-    warps 4 x 2) computes the four 4x4 quads at rows {0, BM/2} + ty * 4, columns {0, BN/2} + tx * 4 into its own
-    registers hl_c, each k's A and B fragments (2 + 2 float4) read before the previous k's FFMAs.  After the K loop
-    the tile goes through shared memory, half a block tile at a time, into `acc` at the loop nest's layout (rows
-    (tid / 16) * 8 + i, columns (tid % 16) * 8 + j).  Every output is the same k-ordered sum as `gemm_text`'s."""
-    kt, ap, hm, hn = g.k // g.bk, g.bm + 4, g.bm // 2, g.bn // 2
-    sm = g.shared_bytes // 4
-    o = [f"{{  // GEMM template: {g.bm}x{g.bn}x{g.bk} tile, 8x8 per thread in 2 x 2 quads, double-buffered",
-         f"  __shared__ __align__(16) float hl_sm[{sm}];",
-         f"  float (*hl_As)[{g.bk}][{ap}] = reinterpret_cast<float (*)[{g.bk}][{ap}]>(hl_sm);",
-         f"  float (*hl_Bs)[{g.bk}][{g.bn}] = reinterpret_cast<float (*)[{g.bk}][{g.bn}]>(hl_sm + {2 * g.bk * ap});",
-         *_gemm_block_pointers(g, a, b),
-         "  const int hl_w = hl_tid >> 5, hl_l = hl_tid & 31;",
-         "  const int hl_ty = (hl_w >> 1) * 4 + (hl_l >> 3), hl_tx = (hl_w & 1) * 8 + (hl_l & 7);",
-         "  const int hl_ra0 = hl_ty * 4, hl_cb0 = hl_tx * 4;",
-         "  float hl_c[64];",
-         "  #pragma unroll",
-         "  for (int i = 0; i < 64; ++i) hl_c[i] = 0.0f;",
-         "  float4 hl_ra, hl_rb;"]
-    ka, nb4 = g.bk // 4, g.bn // 4
-
-    def load(kexpr: str) -> list[str]:
-        return [f"    hl_ra = __ldg((const float4*)(hl_A + (hl_tid / {ka}) * {g.k} + {kexpr} * {g.bk} + "
-                f"(hl_tid % {ka}) * 4));",
-                f"    hl_rb = __ldg((const float4*)(hl_B + ({kexpr} * {g.bk} + hl_tid / {nb4}) * {g.n} + "
-                f"(hl_tid % {nb4}) * 4));"]
-
-    def store(buf: str) -> list[str]:
-        return [f"    {{ const int r = hl_tid / {ka}, c = (hl_tid % {ka}) * 4;",
-                f"      hl_As[{buf}][c][r] = hl_ra.x; hl_As[{buf}][c + 1][r] = hl_ra.y; "
-                f"hl_As[{buf}][c + 2][r] = hl_ra.z; hl_As[{buf}][c + 3][r] = hl_ra.w; }}",
-                f"    *(float4*)&hl_Bs[{buf}][hl_tid / {nb4}][(hl_tid % {nb4}) * 4] = hl_rb;"]
-
-    def frag(kk: int) -> list[str]:
-        s = kk & 1
-        out = []
-        for arr, name, base, half in (("hl_As", "hl_fa", "hl_ra0", hm), ("hl_Bs", "hl_fb", "hl_cb0", hn)):
-            for v, off in ((0, "0"), (4, str(half))):
-                out.append(f"      {{ const float4 t = *(const float4*)&{arr}[hl_cur][{kk}][{base} + {off}]; "
-                           f"{name}[{s}][{v}] = t.x; {name}[{s}][{v + 1}] = t.y; {name}[{s}][{v + 2}] = t.z; "
-                           f"{name}[{s}][{v + 3}] = t.w; }}")
-        return out
-
-    body = ["    float hl_fa[2][8], hl_fb[2][8];", *frag(0)]
-    for kk in range(g.bk):
-        if kk + 1 < g.bk:
-            body += frag(kk + 1)
-        body += ["    #pragma unroll",
-                 "    for (int i = 0; i < 8; ++i) {",
-                 "      #pragma unroll",
-                 f"      for (int j = 0; j < 8; ++j) hl_c[i * 8 + j] = hl_c[i * 8 + j] + "
-                 f"hl_fa[{kk & 1}][i] * hl_fb[{kk & 1}][j];",
-                 "    }"]
-    o += ["  {", *load("0"), *store("0"), "  }", "  __syncthreads();",
-          f"  for (int hl_kt = 0; hl_kt < {kt}; ++hl_kt) {{",
-          "    const int hl_cur = hl_kt & 1;",
-          f"    if (hl_kt + 1 < {kt}) {{", *["  " + x for x in load("(hl_kt + 1)")], "    }",
-          *body,
-          f"    if (hl_kt + 1 < {kt}) {{", *["  " + x for x in store("hl_cur ^ 1")], "    }",
-          "    __syncthreads();",
-          "  }"]
-    # the move to the loop nest's layout: rows [h * BM/2, (h + 1) * BM/2) of the tile per pass, via hl_sm as
-    # (BM/2) x BN; hl_c[i * 8 + j] is row (i / 4) * BM/2 + ty * 4 + i % 4, column (j / 4) * BN/2 + tx * 4 + j % 4
-    for h in range(2):
-        o += ["  __syncthreads();" if h else ""]
-        for i in range(4):
-            for qj in range(2):
-                c = [f"hl_c[{(h * 4 + i) * 8 + qj * 4 + v}]" for v in range(4)]
-                o.append(f"  *(float4*)&hl_sm[(hl_ra0 + {i}) * {g.bn} + {qj * hn} + hl_cb0] = "
-                         f"make_float4({', '.join(c)});")
-        o += ["  __syncthreads();",
-              f"  if ((hl_tid >> 7) == {h}) {{",
-              "    const int r = ((hl_tid >> 4) & 7) * 8, c = (hl_tid & 15) * 8;"]
-        for i in range(8):
-            for v in (0, 4):
-                o.append(f"    {{ const float4 t = *(const float4*)&hl_sm[(r + {i}) * {g.bn} + c + {v}]; "
-                         + " ".join(f"{acc}[{i * 8 + v + u}] = {acc}[{i * 8 + v + u}] + t.{x};"
-                                    for u, x in enumerate("xyzw")) + " }")
-        o.append("  }")
-    o += ["  __syncthreads();", "}"]
-    return [x for x in o if x]
 
 
 #: sm_80+ asynchronous copies (a plain copy on older GPUs, where the commit / wait are no-ops); added to a
@@ -3120,8 +2955,6 @@ def generate_cuda(func: LoopFunc) -> CudaSource:
     wg_ns = sorted({int(x) for t in body_text for x in re.findall(r"hl_wgmma_n(\d+)\(", t)})
     if wg_ns:
         head.append(wgmma_prelude(wg_ns))
-    if any("hl_ld4_keep(" in t for t in body_text):
-        head.append(LD4_KEEP_PRELUDE)
     if any("hl_fdiv_row(" in t or "hl_fdiv_fast(" in t for t in body_text):
         head.append(ROW_DIV_PRELUDE)
     temp_decls = tuple(BufferDecl(a.buffer, a.shape, a.dtype, "global") for a in temps)
@@ -3272,8 +3105,6 @@ def _kernel(name: str, kern: Stmt, params: dict[str, BufferDecl], inputs: set[st
     bounds = f"{threads}, 2" if gemms and threads <= 256 else f"{threads}"   # GEMM: at most 128 registers
     if any(isinstance(g, _Gemm) and g.mma and _mma_big_regs(g) for g in gemms.values()):
         bounds = f"{threads}, 1"    # 255 registers: 256-thread mma blocks of big register tiles
-    if ROW_MIN_BLOCKS and plan.lane_regs and not gemms:   # a register cap for kernels with lane-register rows
-        bounds = f"{threads}, {ROW_MIN_BLOCKS}"
     lines = [f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({", ".join(sig)}) {{']
     lines += ["  " + x for x in decls]
     em.stmt(kern, 1, frozenset(), frozenset())

@@ -1,9 +1,8 @@
 """GPU tier, session 7b: layernorm's division by the row's sqrt(var / n + eps) and softmax's division by the row's
 sum through one reciprocal per row + Markstein's correction (`codegen.cuda.ROW_DIV_EXPR`, `ROW_DIV_RCP`, also one
-guard per float4: `ROW_DIV_GROUPED`), and the warp all-reduce without "has a value" flags (`ROW_ALLREDUCE_FULL`):
-bit for bit the session-7 kernel's output (flags off) at bench size, on rows that reach every branch of the range
-guard (constant rows: a zero dividend, -0 rows, rows scaled 1e-30 .. 1e30, rows with inf / NaN), and close to the
-algorithm (numpy's `evaluate_compute`) on ordinary rows."""
+guard per float4: `ROW_DIV_GROUPED`): bit for bit the session-7 kernel's output (flags off) at bench size, on rows
+that reach every branch of the range guard (constant rows: a zero dividend, -0 rows, rows scaled 1e-30 .. 1e30, rows
+with inf / NaN), and close to the algorithm (numpy's `evaluate_compute`) on ordinary rows."""
 
 from __future__ import annotations
 
@@ -14,13 +13,13 @@ from hlotune.ir.compute_eval import evaluate_compute
 from tests.gpu.test_rows6 import _build
 from tests.gpu.test_rows8 import _subgraph
 
-_RDIV = {"ROW_DIV_RCP": True, "ROW_DIV_EXPR": True, "ROW_ALLREDUCE_FULL": True}
+_RDIV = {"ROW_DIV_RCP": True, "ROW_DIV_EXPR": True}
 #: (schedule options, codegen.cuda flags): among gpu_session.py's ROW_S7B_VARIANTS (precompiled there)
 CASES = [({"row_regs": True, "row_lanes": 64, "rows": 8}, _RDIV),
          ({"row_regs": True, "row_lanes": 64, "rows": 8}, {**_RDIV, "ROW_DIV_GROUPED": True}),
          ({"row_regs": True, "row_lanes": 128, "rows": 4}, _RDIV),
          ({"row_regs": True, "row_lanes": 32, "rows": 16}, _RDIV)]
-BASE = {"ROW_DIV_RCP": False, "ROW_DIV_EXPR": False, "ROW_DIV_GROUPED": False, "ROW_ALLREDUCE_FULL": False}
+BASE = {"ROW_DIV_RCP": False, "ROW_DIV_EXPR": False, "ROW_DIV_GROUPED": False}
 
 
 def _hard(cd, seed: int) -> list[np.ndarray]:

@@ -1,8 +1,9 @@
-"""The FFMA GEMM template's quad variant (`codegen.cuda.GEMM_QUADS`, session 6) without a GPU: its text has the
-structure it promises (8x8 as 2 x 2 quads, fragments double-buffered, one move to the loop nest's layout), it
-compiles for sm_90 without spills (nvcc, skipped when missing), and the generated kernel, run on the CPU (g++ with a
-thread per CUDA thread and a std::barrier for __syncthreads, skipped when g++ is missing), gives bitwise the
-register-layout template's output and numpy's product within float32 rounding."""
+"""The FFMA GEMM templates run on the CPU (no GPU): the generated kernel text, compiled by g++ with a shim for the CUDA
+names (threads of a block as std::threads, __syncthreads as a barrier, cp.async as copies that land at the matching
+wait_group), reproduces A @ B for the register template and for the cp.async ring (the same sums in the same order:
+bit for bit); the 4096^3 FFMA kernel compiles for sm_90 without spills (nvcc, skipped without it).  Session 9 removed
+the session-6 quad variant and the session-7 128-thread template (GEMM_QUADS, GEMM_FFMA7: slower on the H200) whose
+tests this file and test_cuda_gemm7.py held; their CPU harness stays here."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from hlotune.schedule_space.lower import lower
 
 NVCC = shutil.which("nvcc")
 GXX = shutil.which("g++")
-QUADS = (8, 8, 16, 16, 8)
+#: FFMA tilings (MR, NR, threads over rows, threads over columns, BK); the last is the 4096^3 default's
+TILES = ((16, 4, 8, 32, 8), (8, 8, 16, 16, 8), (8, 4, 8, 32, 16))
 
 
 def _mm(m: int, k: int, n: int):
@@ -33,44 +35,12 @@ def _mm(m: int, k: int, n: int):
     return sg.workload.compute
 
 
-def _source(cd, tiles, monkeypatch, quads: bool):
-    monkeypatch.setattr(cuda, "GEMM_QUADS", quads)
-    monkeypatch.setattr(cuda, "GEMM_STAGES", 0)
-    monkeypatch.setattr(cuda, "GEMM_QUADS_MIN_BLOCKS", 0)
+def _source(cd, tiles, monkeypatch, stages: int = 0):
+    """The FFMA template for `tiles`: the register template (stages 0) or the cp.async ring of `stages` stages."""
+    monkeypatch.setattr(cuda, "GEMM_STAGES", stages)
+    monkeypatch.setattr(cuda, "GEMM_ASYNC_MAX_MR", 1 << 30)
+    monkeypatch.setattr(cuda, "GEMM_ASYNC_MR8_BLOCKS", 0)
     return generate_cuda(lower(cd, default_gpu_schedule(cd, options={"tiles": tiles, "tensor_core": 0}), name="mm"))
-
-
-def test_quads_text(monkeypatch):
-    src = _source(_mm(256, 64, 256), QUADS, monkeypatch, True)
-    text = src.text
-    assert "8x8 per thread in 2 x 2 quads" in text and "cp.async" not in text
-    # per k: two float4 of A (rows +0, +64) and of B (columns +0, +64), read a step ahead of the FFMAs
-    assert "&hl_As[hl_cur][7][hl_ra0 + 64]" in text and "&hl_Bs[hl_cur][7][hl_cb0 + 64]" in text
-    body = text[text.index("hl_fa[2][8]"):]
-    assert body.index("hl_As[hl_cur][1][") < body.index("hl_fa[0][i] * hl_fb[0][j]")
-    assert text.count("__syncthreads()") == 1 + 1 + 4    # first tile, per K tile, the move (2 halves), after it
-    assert src.launches[0].shared_bytes == 4 * 128 * 128 // 2 <= cuda.STATIC_SHARED_LIMIT
-    # other tilings keep the other templates
-    assert "quads" not in _source(_mm(256, 64, 256), (16, 4, 8, 32, 8), monkeypatch, True).text
-    assert "quads" not in _source(_mm(256, 64, 256), QUADS, monkeypatch, False).text
-
-
-def assert_compiles_without_spills(text: str, tmp_path, max_regs: int) -> None:
-    """nvcc -Xptxas -v compiles `text` for sm_90 with at most `max_regs` registers and no spill; the runtime's
-    cached compile gives a cubin too."""
-    cu = tmp_path / "q.cu"
-    cu.write_text(text)
-    r = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "-Xptxas", "-v", str(cu), "-o", str(tmp_path / "q.cubin")],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    regs = int(re.search(r"Used (\d+) registers", r.stderr).group(1))
-    assert regs <= max_regs and "0 bytes spill stores" in r.stderr, r.stderr
-    assert compile_cubin(text, "sm_90")[:4] == b"\x7fELF"
-
-
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-def test_quads_compile_without_spills(monkeypatch, tmp_path):
-    assert_compiles_without_spills(_source(_mm(4096, 4096, 4096), QUADS, monkeypatch, True).text, tmp_path, 128)
 
 
 _SHIM = r"""
@@ -132,14 +102,65 @@ def operands(m: int, k: int, n: int, seed: int):
             rng.standard_normal((k, n)).astype(np.float32))
 
 
+_SHIM_CP = "#include <cstring>\n" + _SHIM + r"""
+// cp.async: a copy lands when a wait_group of its thread completes its group (never earlier)
+struct hl_copy { void* dst; const void* src; int n, group; };
+thread_local std::vector<hl_copy> hl_pending;
+thread_local int hl_group = 0;
+static inline void hl_cp16(void* d, const void* s) { hl_pending.push_back({d, s, 16, hl_group}); }
+static inline void hl_cp4(void* d, const void* s) { hl_pending.push_back({d, s, 4, hl_group}); }
+static inline void hl_cp_commit() { ++hl_group; }
+template <int N> static inline void hl_cp_wait() {
+  std::vector<hl_copy> keep;
+  for (auto& c : hl_pending) {
+    if (c.group < hl_group - N) std::memcpy(c.dst, c.src, c.n); else keep.push_back(c);
+  }
+  hl_pending.swap(keep);
+}
+"""
+
+
+def assert_compiles_without_spills(text: str, tmp_path, max_regs: int) -> None:
+    """nvcc -Xptxas -v compiles `text` for sm_90 with at most `max_regs` registers and no spill; the runtime's
+    cached compile gives a cubin too."""
+    cu = tmp_path / "q.cu"
+    cu.write_text(text)
+    r = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "-Xptxas", "-v", str(cu), "-o", str(tmp_path / "q.cubin")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    regs = int(re.search(r"Used (\d+) registers", r.stderr).group(1))
+    assert regs <= max_regs and "0 bytes spill stores" in r.stderr, r.stderr
+    assert compile_cubin(text, "sm_90")[:4] == b"\x7fELF"
+
+
 @pytest.mark.skipif(GXX is None, reason="g++ not found")
-def test_quads_run_on_cpu_match_register_template(monkeypatch, tmp_path):
-    m, k, n = 256, 48, 128
+@pytest.mark.parametrize("tiles", TILES, ids=str)
+def test_register_template_runs_on_cpu(monkeypatch, tmp_path, tiles):
+    m, k, n = 256, 48, 256
     cd, a, b = operands(m, k, n, 6)
-    quads = _source(cd, QUADS, monkeypatch, True)
-    plain = _source(cd, QUADS, monkeypatch, False)
-    assert "quads" in quads.text and "quads" not in plain.text and "GEMM template" in plain.text
-    got = _run_on_cpu(quads, a, b, (m, n), tmp_path, "quads")
+    src = _source(cd, tiles, monkeypatch)
+    assert "GEMM template" in src.text and "cp.async" not in src.text
+    got = _run_on_cpu(src, a, b, (m, n), tmp_path, "plain")
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ not found")
+@pytest.mark.parametrize("stages", [2, 3])
+def test_cp_async_ring_runs_on_cpu_like_register_template(monkeypatch, tmp_path, stages):
+    m, k, n = 256, 96, 256
+    cd, a, b = operands(m, k, n, 7)
+    ring = _source(cd, TILES[-1], monkeypatch, stages)
+    plain = _source(cd, TILES[-1], monkeypatch, 0)
+    assert f"{stages}-stage cp.async ring" in ring.text and "cp.async" not in plain.text
+    got = _run_on_cpu(ring, a, b, (m, n), tmp_path, "ring", _SHIM_CP)
     want = _run_on_cpu(plain, a, b, (m, n), tmp_path, "plain")
     np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)
-    assert np.array_equal(got, want)   # the same k-ordered sums as the register-layout template
+    assert np.array_equal(got, want)   # the same k-ordered sums
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_default_ffma_4096_compiles_without_spills(monkeypatch, tmp_path):
+    cd = _mm(4096, 4096, 4096)
+    text = generate_cuda(lower(cd, default_gpu_schedule(cd, options={"tensor_core": 0}), name="mm")).text
+    assert "cp.async ring" in text
+    assert_compiles_without_spills(text, tmp_path, 128)

@@ -1,14 +1,13 @@
 """Session 6 (memory-bound kernels), no GPU: the row-register schedule of row-fused subgraphs (the row and softmax's
 exp in lane-private registers, K rows per warp with the next row prefetched) and the sin / cos variants without the
-quadrant branch (both polynomials and a select; the float reduction's k through the 1.5 * 2^23 shifter).
+quadrant branch (both polynomials and a select).
 
 Loop nests are checked with the loop-IR interpreter against `evaluate_compute`; the generated CUDA text for its
-structure (registers instead of shared memory, the prefetch), and with nvcc where installed (no spills); sin / cos
-by an exact emulation of the emitted steps against float64 within `FLOAT_MATH_ULP`."""
+structure (registers instead of shared memory, the prefetch), and with nvcc where installed (no spills); the sin /
+cos variants keep the constants that tests/null/test_cuda_fast_paths.py's exact emulation checks."""
 
 from __future__ import annotations
 
-import math
 import re
 import shutil
 import subprocess
@@ -18,16 +17,15 @@ import pytest
 
 import hlotune
 import hlotune.codegen.cuda as cuda_gen
-from hlotune.codegen.cuda import FLOAT_MATH_ULP, _lane_private, _plan, generate_cuda
+from hlotune.codegen.cuda import _lane_private, _plan, generate_cuda
 from hlotune.ir.compute import constant_values
 from hlotune.ir.compute_eval import evaluate_compute
-from hlotune.ir.hlo import Op
 from hlotune.schedule_space.default_gpu import default_gpu_schedule
 from hlotune.schedule_space.loop_eval import evaluate_loop_func
 from hlotune.schedule_space.loop_ir import Allocate, walk_stmts
 from hlotune.schedule_space.lower import lower
 from tests.conftest import model_path
-from tests.null.test_cuda_fast_paths import _consts, _float_reduce, _fmaf, _horner, _ulp
+from tests.null.test_cuda_fast_paths import _consts
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +41,6 @@ F = np.float32
 VARIANTS = [({"row_regs": True}, {}), ({"row_regs": True, "rows": 4}, {}),
             ({"row_regs": True, "row_pipe": 2}, {}), ({"row_regs": True, "row_pipe": 4, "rows": 2}, {}),
             ({"row_regs": True, "row_pipe": 2}, {"ROW_PREFETCH_UNROLL": False}),
-            ({"row_regs": True, "row_pipe": 2}, {"ROW_PREFETCH_RELOAD": True}),
             ({"row_regs": True, "row_pipe": 2}, {"ROW_PREFETCH": False})]
 
 
@@ -137,7 +134,7 @@ def test_register_index_is_a_bijection_per_lane():
 @pytest.mark.parametrize("opts,flags", VARIANTS[2:], ids=str)
 def test_row_prefetch_text(opts, flags, monkeypatch):
     """K rows per warp: row 0's fill into the prefetch registers before the row loop, the next row's fill inside
-    it (guarded by k + 1 < K), layernorm's scale / bias through hl_ld4_keep with ROW_PREFETCH_RELOAD."""
+    it (guarded by k + 1 < K)."""
     cd = _subgraph("layernorm", 64).workload.compute
     src = _source(cd, opts, flags, monkeypatch)
     t = src.text[src.text.index("__global__"):]
@@ -149,8 +146,6 @@ def test_row_prefetch_text(opts, flags, monkeypatch):
     if prefetch:
         assert re.search(r"float param_\w+_local_pf\[32\];", t) and f"+ 1 < {k})" in t
         assert t.count("*(const float4*)&param_1_12[") == 2   # row 0's fill, the next row's fill
-        assert ("hl_ld4_keep(" in t) == flags.get("ROW_PREFETCH_RELOAD", False)
-        assert ("hl_ld4_keep(" in src.text[:src.text.index("__global__")]) == ("hl_ld4_keep(" in t)
         assert ("#pragma unroll 1\n" in t) == (not flags.get("ROW_PREFETCH_UNROLL", True))
 
 
@@ -160,7 +155,7 @@ def test_row_register_kernels_compile_without_spills(name, tmp_path, monkeypatch
     """nvcc -Xptxas -v: the row-register kernels at bench size keep every register (softmax: no stack at all;
     layernorm: the IEEE division's slow-path call may use a small frame, but nothing of the row spills)."""
     (sg,) = hlotune.load_model(str(model_path(name, "bench.gpu.opt.hlo"))).frontend.subgraphs
-    for i, (opts, flags) in enumerate(VARIANTS[:1] + VARIANTS[2:3] + VARIANTS[5:6]):
+    for i, (opts, flags) in enumerate(VARIANTS[:1] + VARIANTS[2:3]):
         src = _source(sg.workload.compute, opts, flags, monkeypatch)
         (tmp_path / f"k{i}.cu").write_text(src.text)
         r = subprocess.run([NVCC, "-cubin", "-arch=sm_90", "-O3", "-Xptxas", "-v", "-o", str(tmp_path / f"k{i}.cubin"),
@@ -178,48 +173,12 @@ def test_sin_select_is_the_default_and_keeps_the_constants():
     order (what tests/null/test_cuda_fast_paths.py's emulation parses)."""
     base = cuda_gen._float_math(False, False, False)
     assert cuda_gen._float_math() == cuda_gen._float_math(False, False, True)
-    sel = cuda_gen._float_math(False, False, True, False)
+    sel = cuda_gen._float_math(False, False, True)
     assert "if (q & 1) v =" in base and "(q & 1) ? vc : vs" in sel and "if (q & 1)" not in sel
     assert cuda_gen.SIN_SELECT and sel in cuda_gen.PRELUDE and cuda_gen._prelude() == cuda_gen.PRELUDE
     assert _consts("hl_sincosf", sel) == _consts("hl_sincosf", base)
-    shift = cuda_gen._float_math(True, False, True, True)
-    sc = shift[shift.index("hl_sincosf"):]
-    assert "12582912.0f" in sc and "rintf" not in sc and "(int)k" not in sc
-    assert _consts("hl_sincosf", shift) == _consts("hl_sincosf", cuda_gen._float_math(True, False, False))
-
-
-def _sincos_shift(x: F, cosine: int, text: str) -> F:
-    """The float reduction with the shifter (|x| < 2^17), both polynomials and the select, emulated exactly."""
-    two_pi_f, p1, p2, _, p3, _two_pi, _p_hi, _p_lo, *cs = _consts("hl_sincosf", text)
-    cos_c, sin_c = cs[:5], cs[5:]
-    kt = _fmaf(x, two_pi_f, F(12582912.0))
-    k = F(kt - F(12582912.0))
-    r, rl = _float_reduce(x, k, p1, p2, p3)
-    q = ((int(np.float32(kt).view(np.int32)) & 0xffffffff) + cosine) & 3
-    assert q == (int(k) + cosine) & 3    # the shifter's low bits are k mod 4
-    z = F(r * r)
-    vc = F(F(1) + _fmaf(z, _horner(cos_c, z), F(-r * rl)))
-    vs = F(r + _fmaf(F(r * z), _horner(sin_c, z), rl))
-    v = vc if q & 1 else vs
-    v = -v if q & 2 else v
-    return x if (x == 0 and not cosine) else v
-
-
-def test_sin_shifter_emulated_within_bounds():
-    """sin / cos through the shifter reduction (|x| < 2^17: the float path) against float64, over random
-    arguments and the float32 neighbours of multiples of pi/2 (where the reduction cancels)."""
-    text = cuda_gen._float_math(True, False, True, True)
-    rng = np.random.default_rng(5)
-    mags = 10.0 ** rng.uniform(-8, math.log10(131071.0), 1500) * rng.choice([-1, 1], 1500)
-    near = np.arange(1, 83000, 97) * (np.pi / 2)
-    xs = np.concatenate([mags, rng.uniform(-10, 10, 800), near]).astype(F)
-    nb = np.concatenate([np.nextafter(xs[-len(near):], F(np.inf)), np.nextafter(xs[-len(near):], F(-np.inf))])
-    xs = np.concatenate([xs, nb.astype(F)])
-    worst = 0.0
-    for x in xs:
-        for cosine, fn in ((0, math.sin), (1, math.cos)):
-            worst = max(worst, _ulp(_sincos_shift(F(x), cosine, text), fn(float(x))))
-    assert worst <= FLOAT_MATH_ULP[Op.SINE], worst
+    fsel = cuda_gen._float_math(True, False, True)
+    assert _consts("hl_sincosf", fsel) == _consts("hl_sincosf", cuda_gen._float_math(True, False, False))
 
 
 def test_sin_kernels_take_128_threads():

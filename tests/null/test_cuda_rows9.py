@@ -1,6 +1,6 @@
 """Session 7b (layernorm's row kernel), no GPU: the division by an expression of the row's scalars (layernorm's
 sqrt(var / n + eps)) through one reciprocal per row and Markstein's correction (`codegen.cuda.ROW_DIV_EXPR`,
-`hl_fdiv_row`), and the warp all-reduce without "has a value" flags (`ROW_ALLREDUCE_FULL`).
+`hl_fdiv_row`).
 
 Exactness: the prelude is compiled for the CPU (g++, the shim of tests/null/test_cuda_rows7.py) and compared bit for
 bit with the IEEE division for every dividend significand against layernorm's own divisors (float32 sqrt(v / 1024 +
@@ -29,8 +29,8 @@ GXX = shutil.which("g++")
 NVCC = shutil.which("nvcc")
 F = np.float32
 EPS = F(float.fromhex("0x1.4f8b58p-17"))    # layernorm's epsilon in the fixture (1e-5 as float32)
-#: session 7's kernel: the IEEE division, the flagged all-reduce
-OFF = {"ROW_DIV_RCP": False, "ROW_DIV_EXPR": False, "ROW_DIV_GROUPED": False, "ROW_ALLREDUCE_FULL": False}
+#: session 7's kernel: the IEEE division
+OFF = {"ROW_DIV_RCP": False, "ROW_DIV_EXPR": False, "ROW_DIV_GROUPED": False}
 
 
 @pytest.fixture(scope="module")
@@ -107,15 +107,11 @@ def test_layernorm_kernel_divides_through_the_helper(monkeypatch):
     assert "hl_fdiv_row(" not in small
 
 
-def test_allreduce_without_flags_text(monkeypatch):
-    """ROW_ALLREDUCE_FULL: the row kernels' warp all-reduces (64 partials of a row: two per lane) start from the
-    lane's first partial and butterfly the values only (no flag shuffles); off: the flagged form."""
-    on = _source("layernorm", {"ROW_ALLREDUCE_FULL": True}, monkeypatch)
-    assert on.count("// warp all-reduce (every lane has a partial)") == 2 and "hl_has" not in on
-    assert on.count("__shfl_xor_sync") == 2
-    monkeypatch.undo()
-    off = _source("layernorm", {}, monkeypatch)
-    assert off.count("// warp all-reduce\n") == 2 and off.count("__shfl_xor_sync") == 4
+def test_allreduce_text(monkeypatch):
+    """The row kernels' warp all-reduces (64 partials of a row: two per lane) shuffle a value and a "has a value"
+    flag per step (session 9 removed the flagless variant, `ROW_ALLREDUCE_FULL`: no faster on the H200)."""
+    t = _source("layernorm", {}, monkeypatch)
+    assert t.count("// warp all-reduce\n") == 2 and t.count("__shfl_xor_sync") == 4
 
 
 def _nvcc(text: str, tmp_path, kind: str) -> str:
@@ -132,10 +128,10 @@ def _nvcc(text: str, tmp_path, kind: str) -> str:
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_layernorm_helper_once_per_row_with_nvcc(monkeypatch, tmp_path):
     """nvcc evaluates the square root and its reciprocal once per row (one sqrt.rn.f32, one rcp.rn.f32 for 16
-    quotients per lane), the flagless all-reduce has 10 shuffles in place of 20, and nothing spills."""
-    flags = {"ROW_DIV_EXPR": True, "ROW_ALLREDUCE_FULL": True}
+    quotients per lane), the two all-reduces take 20 shuffles (value and flag, 5 steps each), and nothing spills."""
+    flags = {"ROW_DIV_EXPR": True}
     ptx = _nvcc(_source("layernorm", flags, monkeypatch), tmp_path, "ptx")
-    assert ptx.count("sqrt.rn.f32") == 1 and ptx.count("rcp.rn.f32") == 1 and ptx.count("shfl.sync") == 10
+    assert ptx.count("sqrt.rn.f32") == 1 and ptx.count("rcp.rn.f32") == 1 and ptx.count("shfl.sync") == 20
     assert ptx.count("mul.rn.f32") == 16
     info = _nvcc(_source("layernorm", flags, monkeypatch), tmp_path, "cubin")
     assert "0 bytes spill stores" in info and "0 bytes spill loads" in info
@@ -143,10 +139,8 @@ def test_layernorm_helper_once_per_row_with_nvcc(monkeypatch, tmp_path):
 
 def test_defaults_take_the_grouped_row_division():
     """Since session 7b the row kernels divide by a row's scalar (softmax's sum) or an expression of them (layernorm's
-    sqrt) through one reciprocal per row, one range guard per float4 (the fastest form on the H200, same call);
-    the flagless all-reduce stays a variant."""
+    sqrt) through one reciprocal per row, one range guard per float4 (the fastest form on the H200, same call)."""
     assert cuda_gen.ROW_DIV_RCP and cuda_gen.ROW_DIV_EXPR and cuda_gen.ROW_DIV_GROUPED
-    assert not cuda_gen.ROW_ALLREDUCE_FULL
     for name, rows in (("layernorm", 8192), ("softmax", 4096)):
         cd = _subgraph(name, rows).workload.compute
         t = generate_cuda(lower(cd, default_gpu_schedule(cd), name="row")).text
