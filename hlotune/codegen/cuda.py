@@ -1,7 +1,7 @@
 """Loop IR -> CUDA C source (one or more `__global__` kernels per LoopFunc).
 
 Map:
-  generate_cuda(func)       LoopFunc -> CudaSource (text, launches in order, global temporaries)
+  generate_cuda(func, arch) LoopFunc -> CudaSource (text, launches in order, global temporaries)
   CudaSource / Launch       what the runtime needs: kernel names, grid/block, shared bytes, parameters
   _split_kernels            the root of a LoopFunc: Allocates outside every nest become global temporaries
                             (device workspace); each root nest (a Seq child) becomes its own kernel,
@@ -90,6 +90,7 @@ Semantics (the same as the CPU backend, `llvm_emit`):
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import itertools
 import math
@@ -1852,7 +1853,7 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
     g = _Gemm(ga.name, gb.name, st.buffer, m, n, k, bm, bn, bk, mr, nr, t,
               m * k if len(ga.shape) > 2 and nbat > 1 else 0, k * n if len(gb.shape) > 2 and nbat > 1 else 0)
     tc = dict(s.annotations).get("tensor_core", 0)
-    wg = GEMM_WGMMA and tc == 3 and GEMM_MMA and wgmma_fits(g) and \
+    wg = GEMM_WGMMA and tc == 3 and GEMM_MMA and _ARCH.get() in WGMMA_ARCHS and wgmma_fits(g) and \
         wgmma_stages(g, GEMM_WGMMA_STAGES, GEMM_WGMMA_SHARED_LIMIT) > 0
     mma = tc in MMA_PASSES and GEMM_MMA and (_mma_fits(g) or wg)
     if g.shared_bytes > STATIC_SHARED_LIMIT and not mma:
@@ -2925,8 +2926,22 @@ def _index_type(func: LoopFunc, temps: list[Allocate]) -> str:
     return "int" if max(sizes, default=0) < 2 ** 30 else "long long"
 
 
-def generate_cuda(func: LoopFunc) -> CudaSource:
-    """The CUDA C source of `func`: one `__global__` kernel per root nest, launched in order."""
+#: the target arch of the code being generated (`generate_cuda`'s `arch`); the wgmma template only for WGMMA_ARCHS
+_ARCH: contextvars.ContextVar[str] = contextvars.ContextVar("hlotune_cuda_arch", default="sm_90")
+WGMMA_ARCHS = frozenset({"sm_90", "sm_90a"})
+
+
+def generate_cuda(func: LoopFunc, arch: str | None = None) -> CudaSource:
+    """The CUDA C source of `func` for `arch` (default sm_90, the H200): one `__global__` kernel per root nest,
+    launched in order.  Only sm_90 gets the wgmma template (other archs keep mma.sync or FFMA for those tilings)."""
+    token = _ARCH.set(arch or "sm_90")
+    try:
+        return _generate_cuda(func)
+    finally:
+        _ARCH.reset(token)
+
+
+def _generate_cuda(func: LoopFunc) -> CudaSource:
     temps: list[Allocate] = []
     kernels = _split_kernels(func.body, temps)
     idx = _index_type(func, temps)

@@ -729,7 +729,7 @@ def build_cuda(func: LoopFunc, target: Target | None = None, *, context: str | N
         return hit
     t0 = time.perf_counter()
     try:
-        src = generate_cuda(func)
+        src = generate_cuda(func, t.arch)
     except CompileError as e:
         where = f" ({context})" if context else ""
         raise CompileError(f"CUDA code generation for {func.name}{where}: {e.message}") from e

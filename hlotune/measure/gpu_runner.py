@@ -51,7 +51,7 @@ def compile_cuda_object(func: LoopFunc, target: Target) -> BuildResult:
     from ..codegen.cuda import generate_cuda
     from ..codegen.cuda_runtime import compile_cubin, source_artifact
 
-    src = generate_cuda(func)
+    src = generate_cuda(func, target.arch)
     cubin = compile_cubin(src.text, target.arch or "sm_90", context=func.name)
     stub = LoopFunc(func.name, func.inputs, func.outputs, Seq(()))
     return BuildResult(obj=cubin, symbol=source_artifact(src), func=stub, parallel=False)

@@ -199,6 +199,24 @@ def test_not_on_other_gpus():
     assert "hl_mma_tf32(" in texts["sm_80"]
 
 
+def test_code_generator_keeps_wgmma_to_sm90(tmp_path):
+    """A schedule that asks for the wgmma tiling (a search candidate, whatever its target) gets wgmma code only when
+    generated for sm_90; for sm_80 the same loops get code without it, which nvcc compiles for sm_80."""
+    (sg,) = hlotune.load_model(_mm_hlo(256, 256, 128)).frontend.subgraphs
+    cd = sg.workload.compute
+    f = lower(cd, default_gpu_schedule(cd, options={"tensor_core": 3, "tiles": (2, 32, 64, 4, 32)}), name="mm")
+    assert "wgmma.mma_async" in generate_cuda(f).text and "wgmma.mma_async" in generate_cuda(f, "sm_90").text
+    other = generate_cuda(f, "sm_80").text
+    assert "wgmma" not in other
+    assert "wgmma.mma_async" in generate_cuda(f).text     # the arch does not stick
+    if shutil.which("nvcc"):
+        cu = tmp_path / "k.cu"
+        cu.write_text(other)
+        r = subprocess.run(["nvcc", "-arch=sm_80", "-cubin", str(cu), "-o", str(tmp_path / "k.cubin")],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_compiles_sm90a(monkeypatch, tmp_path):
     src = _source(256, 256, 128, (2, 32, 64, 4, 32), monkeypatch)
