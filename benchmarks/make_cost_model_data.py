@@ -1,6 +1,7 @@
 """Make a cost-model training set: measure random schedules of the fixture subgraphs on this machine.
 
     .venv/bin/python benchmarks/make_cost_model_data.py -o logs/cost_model_data.db --minutes 35 [--per-task 400]
+    .venv/bin/python benchmarks/make_cost_model_data.py -o logs/cost_model_syn.db --synthetic 48 --only-synthetic
 
 Tasks: every distinct workload of the fixture models (`tests/data/models/*`), test-size HLO with at least
 MIN_TEST_FLOPS and bench-size HLO with at most MAX_BENCH_FLOPS (the reference output is computed once per
@@ -72,6 +73,19 @@ def fixture_tasks(target: Target, names: list[str] | None = None, kinds=("hlo", 
     return list(seen.values())
 
 
+def synthetic_tasks(target: Target, count: int, seed: int = 0) -> list[Task]:
+    """The workloads of `synthetic_workloads.synthetic_hlos(count, seed)` (other shapes of the fixtures' kinds)."""
+    from synthetic_workloads import synthetic_hlos
+
+    seen: dict[str, Task] = {}
+    for label, text in synthetic_hlos(count, seed):
+        for sg in hlotune.load_model(text).frontend.subgraphs:
+            w = sg.workload
+            if w.key not in seen and MIN_TEST_FLOPS <= w.flops <= MAX_BENCH_FLOPS:
+                seen[w.key] = Task(w.key, w.compute, target, w.weight, f"synthetic/{label}/{sg.name}", float(w.flops))
+    return list(seen.values())
+
+
 def _set_timeout(runner: LocalRunner, base: float, best: float) -> None:
     runner.timeout = base if not math.isfinite(best) else min(base, max(2.0, 1.0 + 6 * SLOWDOWN * best))
 
@@ -89,10 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=TIMING.repeats)
     ap.add_argument("--min-repeat-ms", type=float, default=TIMING.min_repeat_ms)
     ap.add_argument("--list", action="store_true", help="list the tasks and exit")
+    ap.add_argument("--synthetic", type=int, default=0, metavar="N",
+                    help="also N synthetic workloads (benchmarks/synthetic_workloads.py: other shapes)")
+    ap.add_argument("--only-synthetic", action="store_true", help="the synthetic workloads only")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
     target = Target.host_cpu()
-    tasks = fixture_tasks(target, a.models)
+    tasks = [] if a.only_synthetic else fixture_tasks(target, a.models)
+    if a.synthetic:
+        tasks += synthetic_tasks(target, a.synthetic, a.seed)
     if a.max_tasks:
         tasks = tasks[:a.max_tasks]
     if a.list:

@@ -186,7 +186,7 @@ def pair_weights(y: np.ndarray) -> np.ndarray:
     return W * (len(y) / tot) if tot > 0 else W
 
 
-def _pair_objective(y: np.ndarray, keys: list[str], pid: np.ndarray, seed: int):
+def _pair_objective(y: np.ndarray, keys: list[str], pid: np.ndarray, seed: int, eta: float = 0.3):
     """packrank: gradient and hessian of sum over tasks and weighted pairs (i faster than j) of
     log(1 + exp(s_j - s_i)), s = a program's score (the sum of its statement predictions), per statement row.
     With PAIR_DISCOUNT (LambdaRank), each round multiplies a pair's weight by |1/log2(2 + r_i) - 1/log2(2 + r_j)|
@@ -227,8 +227,22 @@ def _pair_objective(y: np.ndarray, keys: list[str], pid: np.ndarray, seed: int):
             g[idx] += gw.sum(axis=0) - gw.sum(axis=1)
             hw = W * r * (1.0 - r)
             h[idx] += hw.sum(axis=1) + hw.sum(axis=0)
-        return g[pid], np.maximum(h, 1e-6)[pid]
+        return g[pid], _row_hessian(np.maximum(h, 1e-6), rows, pid, eta)
+    rows = np.bincount(pid, minlength=nprog)
     return obj
+
+
+#: the program-level hessian scaled by max(1, rows x eta) per statement row (`_row_hessian`; off: unscaled)
+ROW_HESSIAN = True
+
+
+def _row_hessian(h: np.ndarray, rows: np.ndarray, pid: np.ndarray, eta: float) -> np.ndarray:
+    """Per statement row, the hessian of its program's loss.  A program's score is the sum of its R rows'
+    predictions, so the rows' Newton steps add up: with rows sharing a leaf a program moves R x eta of its own
+    Newton step per round, and from R x eta above 2 the training oscillates and diverges to NaN (seen with
+    22-statement programs, session 9).  Scaling the hessian by max(1, R x eta) caps that at one step; programs of
+    R <= 1 / eta rows (5 at eta 0.2: every fixture's) train exactly as before."""
+    return (h * np.maximum(1.0, rows * eta))[pid] if ROW_HESSIAN else h[pid]
 
 
 class CostModel:
@@ -308,13 +322,15 @@ class CostModel:
         if self.mode in ("packsum", "packrank"):
             dtrain = xgb.DMatrix(X)
             nprog = len(feats)
+            rows = np.bincount(pid, minlength=nprog)   # statement rows per program (see `_row_hessian`)
+            eta = float(params.get("eta", 0.3))
             if self.mode == "packrank":
-                obj = _pair_objective(y, [s.workload_key for s in samples], pid, self.seed)
+                obj = _pair_objective(y, [s.workload_key for s in samples], pid, self.seed, eta)
             else:
                 def obj(preds, _d):
                     s = np.bincount(pid, weights=preds, minlength=nprog)
                     g = 2.0 * w * (s - y)
-                    return g[pid], (2.0 * w)[pid]
+                    return g[pid], _row_hessian(2.0 * w, rows, pid, eta)
             params.update(base_score=0.0, disable_default_eval_metric=1)
             self.booster = xgb.train(params, dtrain, rounds, obj=obj, xgb_model=base)
         elif self.mode == "reg":
@@ -345,10 +361,14 @@ class CostModel:
         return self.predict_features(feats)
 
     def predict_features(self, feats: list[np.ndarray | None]) -> np.ndarray:
-        """Scores from precomputed features (`batch_features` / `features_of_samples`); -inf where None."""
+        """Scores from precomputed features (`batch_features` / `features_of_samples`); -inf where None; random
+        while untrained (as `predict`)."""
         out = np.full(len(feats), -np.inf)
         ok = [i for i, f in enumerate(feats) if f is not None]
         if not ok:
+            return out
+        if not self.trained:
+            out[ok] = self._random.predict(None, ok)
             return out
         if self.mode in ("packsum", "packrank"):
             X, pid = _packed_rows([feats[i] for i in ok])

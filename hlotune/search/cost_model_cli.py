@@ -70,12 +70,16 @@ def evaluate_model(model, samples: list[Sample], min_records: int = 8) -> dict[s
 
 
 def evaluate_lowo(samples: list[Sample], make_model=None, min_records: int = 8,
-                  feats: list | None = None) -> dict[str, dict[str, float]]:
+                  feats: list | None = None, extra: list[Sample] = (),
+                  extra_feats: list | None = None) -> dict[str, dict[str, float]]:
     """Leave one workload out: for each workload, train a fresh model on all others and score it (`feats`:
-    the samples' features when already computed)."""
+    the samples' features when already computed).  `extra`: more training records, never held out (e.g. measured
+    schedules of other workloads; a workload of `samples` among them is dropped while it is held out)."""
     make_model = make_model or (lambda: CostModel(seed=0))
     if feats is None:
         feats = features_of_samples(samples)        # once: they do not depend on the model
+    if extra and extra_feats is None:
+        extra_feats = features_of_samples(extra)
     by = _by_task(samples)
     out = {}
     for k, g in by.items():
@@ -83,9 +87,11 @@ def evaluate_lowo(samples: list[Sample], make_model=None, min_records: int = 8,
             continue
         model = make_model()
         rest = [i for i, s in enumerate(samples) if s.workload_key != k]
+        more = [i for i, s in enumerate(extra) if s.workload_key != k]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CostModelWarning)
-            model.fit([samples[i] for i in rest], [feats[i] for i in rest])
+            model.fit([samples[i] for i in rest] + [extra[i] for i in more],
+                      [feats[i] for i in rest] + [extra_feats[i] for i in more])
         test = [i for i, s in enumerate(samples) if s.workload_key == k and s.costs]
         out[k] = task_metrics([samples[i].cost for i in test], model.predict_features([feats[i] for i in test]))
     return out
@@ -134,8 +140,10 @@ def _cmd_eval(a) -> int:
         how = "random model"
     else:
         feats = features_of_samples(samples)
-        per = evaluate_lowo(samples, lambda: CostModel(seed=a.seed, mode=a.mode), feats=feats)
-        how = "leave one workload out"
+        extra = [s for spec in a.extra or () for s in samples_from_db(spec, a.target)]
+        per = evaluate_lowo(samples, lambda: CostModel(seed=a.seed, mode=a.mode), feats=feats, extra=extra)
+        how = "leave one workload out" + (f" (+ {len(extra)} training-only records of {', '.join(a.extra)})"
+                                          if extra else "")
     if feats is None:
         feats = features_of_samples(samples)
     ceiling = remeasure_ceiling(samples, feats)
@@ -185,6 +193,8 @@ def add_cost_model_parser(subparsers) -> None:
     e.add_argument("db")
     e.add_argument("--model", default=None, help="evaluate this saved model instead of leave-one-out training")
     e.add_argument("--random", action="store_true", help="evaluate the random model (baseline)")
+    e.add_argument("--extra", nargs="*", metavar="DB", help="more training records for leave-one-out, never held "
+                                                            "out (e.g. benchmarks/make_cost_model_data.py --synthetic)")
     e.add_argument("--mode", choices=MODES, default="packsum")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--target", default=None)

@@ -304,3 +304,61 @@ def test_packrank_mode_ranks_and_round_trips(tmp_path, data):
     np.testing.assert_allclose(m2.predict(task, scheds), p, rtol=1e-6)
     m2.update(samples[48:60])                      # warm start with the same objective
     assert m2.booster.num_boosted_rounds() == 30 + 20
+
+
+def test_eval_extra_training_records(tmp_path, data, capsys):
+    """`cost-model eval DB --extra DB2`: DB2's records train every held-out fold and are never scored.  One workload
+    alone cannot be ranked (nothing to train on: random scores); with another workload's records (the same costs)
+    as extra data it is; extra records of the held-out workload itself are left out of its fold (no leak)."""
+    from hlotune.cli import main
+    from hlotune.database import Record, open_database
+    from hlotune.ir.workload import workload_to_json
+    from hlotune.schedule_space.steps import schedule_to_json
+
+    task, samples, scheds, costs = data
+    wl = workload_to_json(task.compute)
+
+    def write(path, keys):
+        db = open_database(str(path))
+        db.add_many([Record(workload_key=wk, workload=wl, target="t", target_family="f",
+                            steps=json.dumps(schedule_to_json(s)), schedule_key=s.key + wk, costs=(c, c * 1.01))
+                     for wk in keys for s, c in zip(scheds, costs)])
+        db.close()
+        return str(path)
+
+    main_db, other, same = write(tmp_path / "a.db", ["w1-aaaa"]), write(tmp_path / "o.db", ["w1-cccc"]), \
+        write(tmp_path / "s.db", ["w1-aaaa"])
+    scores = {}
+    for label, extra in (("alone", []), ("other", [other]), ("same", [same])):
+        assert main(["cost-model", "eval", main_db, "--json", *(["--extra", *extra] if extra else [])]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert set(out["per_task"]) == {"w1-aaaa"}
+        scores[label] = out["mean"]["pairwise_accuracy"]
+    assert scores["other"] > 0.7 and scores["alone"] < 0.65 and scores["same"] < 0.65, scores
+
+
+def test_many_statement_programs_train_without_diverging():
+    """A program's score is the sum of its statements' predictions: with 22 rows per program the per-row Newton
+    steps once added up to 22 times the program's step and the training diverged to NaN (session 9).  The rows'
+    hessians now carry the row count: predictions stay finite and rank programs whose throughput is a sum over their
+    statements of one feature (what the sum of statement scores can represent)."""
+    import hlotune.cost_model.model as cm
+
+    rng = np.random.default_rng(0)
+    feats, samples = [], []
+    for _ in range(300):
+        rows = int(rng.choice([1, 4, 22]))
+        f = rng.uniform(0, 8, (rows, cm.NUM_FEATURES))
+        feats.append(f)
+        samples.append(Sample("w1-many", None, None, (1e-6 / (0.1 + f[:, 0].sum() / 8),)))   # throughput: a sum
+    costs = [s.cost for s in samples]
+    m = CostModel(seed=0).fit(samples, feats)
+    p = m.predict_features(feats)
+    assert np.isfinite(p).all() and pairwise_accuracy(costs, p) > 0.8
+    old = cm.ROW_HESSIAN
+    try:
+        cm.ROW_HESSIAN = False     # the per-row program hessian of before: diverges on these programs
+        q = CostModel(seed=0).fit(samples, feats).predict_features(feats)
+    finally:
+        cm.ROW_HESSIAN = old
+    assert not np.isfinite(q).all() or pairwise_accuracy(costs, q) < pairwise_accuracy(costs, p)
