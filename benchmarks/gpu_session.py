@@ -93,26 +93,11 @@ def graph_time(kern, ptrs: list[int], torch, min_time: float = 0.05) -> float:
         prog.kernel(kern, slots)
     prog.finish()
     run = (lambda: prog.run(("graph_time",)))
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
+    one = _events_time(run, torch, reps=1)      # its warm-up calls capture the graph
     if not prog.graph_launches:
         raise RuntimeError("graph_time: the launches were not captured into a CUDA graph")
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    run()
-    e.record()
-    e.synchronize()
-    calls = max(1, int(min_time / max(s.elapsed_time(e) / 1e3, 1e-7)))
-    out = []
-    for _ in range(5):
-        s.record()
-        for _ in range(calls):
-            run()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e) / 1e3 / calls / GRAPH_REPEATS)
-    return float(np.median(out))
+    calls = max(1, int(min_time / max(one, 1e-7)))
+    return _events_time(run, torch, reps=calls) / GRAPH_REPEATS
 
 
 def copy_bandwidth(torch) -> float:
