@@ -210,25 +210,32 @@ def wgmma_text(g, acc: str, a: str, b: str, block_pointers: list[str]) -> list[s
                        f"(q % {bn // 4}) * 4); }}")
         return out
 
-    def convert(slot: str, pbuf: str) -> list[str]:
+    def convert_parts(slot: str, pbuf: str) -> tuple[list[str], list[list[str]], list[str]]:
+        """(head, one line list per conversion item, tail) of the B split into planes `pbuf`."""
         # item f = tid + T r: pi = f % NR, t = (f / NR) % 4, h = f / (4 NR); j = pi / 2, e = pi % 2;
         # plane row fc = 8 j + 2 t + e, chunk cq = (2 (j % 4) + h) % 8, block column t NR + pi
-        out = [f"      {{  // tile's B -> big / small TF32 planes {pbuf} (transposed, K-major, 128-byte swizzle)",
-               f"        unsigned char* hl_pb = hl_wpl + {pbuf} * {2 * plane};"]
+        head = [f"      {{  // tile's B -> big / small TF32 planes {pbuf} (transposed, K-major, 128-byte swizzle)",
+                f"        unsigned char* hl_pb = hl_wpl + {pbuf} * {2 * plane};"]
+        items = []
         for r in range(nconv):
-            out += [f"        {{ const int f = hl_tid + {r * t_}, pi = f % {nr}, tt = (f / {nr}) & 3, "
-                    f"hh = f / {4 * nr};",
-                    "          const int j = pi >> 1, fc = 8 * j + 2 * tt + (pi & 1), cq = (2 * (j & 3) + hh) & 7;",
-                    "          const int k0 = 16 * (cq >> 2) + 2 * ((cq >> 1) & 1) + (cq & 1);",
-                    f"          const float* hl_src = &hl_Bs[{slot}][k0][tt * {nr} + pi];",
-                    "          uint4 hl_w, hl_s;",
-                    *[f"          hl_split_tf32(hl_src[{4 * u * bn}], hl_w.{c}, hl_s.{c});"
-                      for u, c in enumerate("xyzw")],
-                    "          const int off = fc * 128 + ((cq ^ (fc & 7)) << 4);",
-                    "          *(uint4*)(hl_pb + off) = hl_w;",
-                    f"          *(uint4*)(hl_pb + {plane} + off) = hl_s;",
-                    "        }"]
-        return out + ["        hl_fence_async_smem();", "      }"]
+            items.append([f"        {{ const int f = hl_tid + {r * t_}, pi = f % {nr}, tt = (f / {nr}) & 3, "
+                          f"hh = f / {4 * nr};",
+                          "          const int j = pi >> 1, fc = 8 * j + 2 * tt + (pi & 1), "
+                          "cq = (2 * (j & 3) + hh) & 7;",
+                          "          const int k0 = 16 * (cq >> 2) + 2 * ((cq >> 1) & 1) + (cq & 1);",
+                          f"          const float* hl_src = &hl_Bs[{slot}][k0][tt * {nr} + pi];",
+                          "          uint4 hl_w, hl_s;",
+                          *[f"          hl_split_tf32(hl_src[{4 * u * bn}], hl_w.{c}, hl_s.{c});"
+                            for u, c in enumerate("xyzw")],
+                          "          const int off = fc * 128 + ((cq ^ (fc & 7)) << 4);",
+                          "          *(uint4*)(hl_pb + off) = hl_w;",
+                          f"          *(uint4*)(hl_pb + {plane} + off) = hl_s;",
+                          "        }"])
+        return head, items, ["        hl_fence_async_smem();", "      }"]
+
+    def convert(slot: str, pbuf: str) -> list[str]:
+        head, items, tail = convert_parts(slot, pbuf)
+        return head + [x for it in items for x in it] + tail
 
     def mmas(slot: str, pbuf: str, per_step: bool = False):
         """The A fragments and wgmmas of a tile (per_step: [head, step 0, .., step n - 1, tail] line lists)."""
@@ -286,7 +293,7 @@ def wgmma_text(g, acc: str, a: str, b: str, block_pointers: list[str]) -> list[s
     if FADD_TILES > 1:
         add = [f"    if (hl_kt % {FADD_TILES} == {FADD_TILES - 1} || hl_kt == {kt - 1}) {{", *add, "    }"]
     if INTERLEAVE:
-        return o + _interleaved(g, st, kt, issue, convert, mmas, add)
+        return o + _interleaved(g, st, kt, issue, convert_parts, mmas, add)
     o += ["  // the ring: tiles 0 .. st - 2 in flight, tile 0's B split into planes 0"]
     for s0 in range(st - 1):
         o += ["  {", *issue(str(s0), str(s0)), "  }"] if s0 < kt else []
@@ -313,17 +320,15 @@ def wgmma_text(g, acc: str, a: str, b: str, block_pointers: list[str]) -> list[s
     return o
 
 
-def _interleaved(g, st: int, kt: int, issue, convert, mmas, add) -> list[str]:
+def _interleaved(g, st: int, kt: int, issue, convert_parts, mmas, add) -> list[str]:
     """The K loop with one barrier per tile: wait for tile kt + 1's copies, a barrier, then per 8-k step the 3
     wgmmas of tile kt, a share of tile kt + 1's B split (into the other planes) and of tile kt + st - 1's copies
     (into the slot of tile kt - 1), then commit, fence.proxy.async, wait_group 0 and the FADDs."""
     ns = g.bk // 8
     cps = issue("hl_nk", "hl_ns")
-    conv = convert("hl_nx", "(hl_pbuf ^ 1)")
-    head, items, tail = conv[:2], [], conv[-2:]
-    body = conv[2:-2]
-    n_items = len(body) // 13
-    items = [body[13 * r:13 * (r + 1)] for r in range(n_items)]
+    head, items, tail = convert_parts("hl_nx", "(hl_pbuf ^ 1)")
+    conv = head + [x for it in items for x in it] + tail
+    n_items = len(items)
     steps = mmas("hl_cur", "hl_pbuf", per_step=True)
     o = ["  // the ring: tiles 0 .. st - 2 in flight, tile 0's B split into planes 0"]
     for s0 in range(st - 1):

@@ -211,6 +211,7 @@ def _pair_objective(y: np.ndarray, keys: list[str], pid: np.ndarray, seed: int, 
             if len(c) >= 2:
                 parts.append((c, pair_weights(y[c])))
     nprog = len(y)
+    rows = np.bincount(pid, minlength=nprog)   # statement rows per program (`_row_hessian`)
 
     def obj(preds, _d):
         s = np.bincount(pid, weights=preds, minlength=nprog)
@@ -228,7 +229,6 @@ def _pair_objective(y: np.ndarray, keys: list[str], pid: np.ndarray, seed: int, 
             hw = W * r * (1.0 - r)
             h[idx] += hw.sum(axis=1) + hw.sum(axis=0)
         return g[pid], _row_hessian(np.maximum(h, 1e-6), rows, pid, eta)
-    rows = np.bincount(pid, minlength=nprog)
     return obj
 
 
