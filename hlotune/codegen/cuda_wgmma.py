@@ -38,18 +38,10 @@ from __future__ import annotations
 SWIZZLE_128B = 1
 ROW_BYTES = 128
 SBO = 1024
-#: k tiles summed by the tensor cores into one zeroed fragment before the FADD into the accumulators (1: every tile;
-#: 2: every other tile, half the FADDs, the fragment sums 64 k; H200 call 2, first loop: 123.9 % of cuBLAS against
-#: 129.9 % at 4096^3)
-FADD_TILES = 1
-#: the K loop with one barrier per tile, the next tile's B split and copies interleaved with the wgmma issues of the
-#: current one, step by step (off: session 9's first loop: all wgmmas, then a barrier, the copies and the split, a
-#: second barrier; H200 call 2 ablations: the split 24 % and the copies 14 % of its time at 4096^3, not overlapped;
-#: call 3: 140.0 % of cuBLAS against 130.9 % at 4096^3, 118.0 against 111.8 % at 2048 x 2816 x 1024)
-INTERLEAVE = True
-#: with INTERLEAVE: each 8-k step's A words split just before its wgmmas (a wgmma.fence per step) instead of all of
-#: the tile's before the first (call 3: 138.9 % against 140.0 % at 4096^3)
-JIT_SPLIT = False
+#: Tried on the H200 and removed (session 9, docs/gpu.md "Session 9: wgmma 3xTF32"): the tensor cores summing 2 k tiles
+#: into one fragment before the FADD (124 % of cuBLAS against 130 % at 4096^3), each 8-k step's A words split just
+#: before its wgmmas (138.9 % against 140.0 %), and the first K loop with two barriers per tile and the B split and
+#: copies not interleaved with the wgmmas (130.9 % against 140.0 %).
 
 
 def smem_desc(addr: int, sbo: int = SBO, swizzle: int = SWIZZLE_128B, lbo: int = 16) -> int:
@@ -233,15 +225,9 @@ def wgmma_text(g, acc: str, a: str, b: str, block_pointers: list[str]) -> list[s
                           "        }"])
         return head, items, ["        hl_fence_async_smem();", "      }"]
 
-    def convert(slot: str, pbuf: str) -> list[str]:
-        head, items, tail = convert_parts(slot, pbuf)
-        return head + [x for it in items for x in it] + tail
-
-    def mmas(slot: str, pbuf: str, per_step: bool = False):
-        """The A fragments and wgmmas of a tile (per_step: [head, step 0, .., step n - 1, tail] line lists)."""
-        jit = per_step and JIT_SPLIT
+    def mmas(slot: str, pbuf: str) -> list[list[str]]:
+        """The A fragments and wgmmas of a tile as line lists: [head, step 0, .., step n - 1, tail]."""
         out = ["    {  // A fragments (split in registers), 3 wgmmas per 8-k step into hl_d (zeroed by the first)"]
-        split_lines: dict = {}
         for mt in range(mt_n):
             out.append(f"      unsigned hl_ab{mt}[{bk // 8}][4], hl_as{mt}[{bk // 8}][4];")
             for c in range(bk // 16):
@@ -249,40 +235,27 @@ def wgmma_text(g, acc: str, a: str, b: str, block_pointers: list[str]) -> list[s
                            f"[{16 * c} + hl_t * 4];")
                 out.append(f"        const float4 f1 = *(const float4*)&hl_As[{slot}][hl_r0 + {2 * mt + 1}]"
                            f"[{16 * c} + hl_t * 4];")
-                if jit:
-                    out[-2] = out[-2].replace("{ const float4 f0", f"const float4 hl_f{mt}_{c}_0")
-                    out[-1] = out[-1].replace("const float4 f1", f"const float4 hl_f{mt}_{c}_1").lstrip()
-                    out[-1] = "      " + out[-1]
                 for s, (lo, hi) in enumerate((("x", "y"), ("z", "w"))):
                     q = 2 * c + s
                     for r, (row, comp) in enumerate((("f0", lo), ("f1", lo), ("f0", hi), ("f1", hi))):
-                        if jit:
-                            split_lines.setdefault(q, []).append(
-                                f"      hl_split_tf32(hl_f{mt}_{c}_{row[1]}.{comp}, hl_ab{mt}[{q}][{r}], "
-                                f"hl_as{mt}[{q}][{r}]);")
-                        else:
-                            out.append(f"        hl_split_tf32({row}.{comp}, hl_ab{mt}[{q}][{r}], "
-                                       f"hl_as{mt}[{q}][{r}]);")
-                if not jit:
-                    out.append("      }")
+                        out.append(f"        hl_split_tf32({row}.{comp}, hl_ab{mt}[{q}][{r}], "
+                                   f"hl_as{mt}[{q}][{r}]);")
+                out.append("      }")
         out += [f"      const unsigned hl_pbig = hl_pl0 + {pbuf} * {2 * plane}, hl_psm = hl_pbig + {plane};"]
-        if not jit:
-            out.append("      hl_wgmma_fence();")
+        out.append("      hl_wgmma_fence();")
         stepped = [out]
         for q in range(bk // 8):
-            stepped.append([*split_lines.get(q, []), *(["      hl_wgmma_fence();"] if jit else [])])
+            stepped.append([])
             out = stepped[-1]
             for mt in range(mt_n):
                 for n_, (aa, bb) in enumerate(((f"hl_as{mt}", "hl_pbig"), (f"hl_ab{mt}", "hl_psm"),
                                                (f"hl_ab{mt}", "hl_pbig"))):
                     regs = ", ".join(f"{aa}[{q}][{r}]" for r in range(4))
                     first = q == 0 and n_ == 0
-                    scale = ("1" if not first else "0" if FADD_TILES == 1 else f"(hl_kt % {FADD_TILES} != 0)")
+                    scale = "0" if first else "1"
                     out.append(f"      hl_wgmma_n{bn}(hl_d[{mt}], {regs}, hl_wg_desc({bb} + {32 * q}), {scale});")
         stepped.append(["      hl_wgmma_commit();", "    }"])
-        if per_step:
-            return stepped
-        return [x for part in stepped for x in part]
+        return stepped
 
     add = []
     for mt in range(mt_n):
@@ -290,34 +263,7 @@ def wgmma_text(g, acc: str, a: str, b: str, block_pointers: list[str]) -> list[s
             j, h, e = i // 4, (i // 2) % 2, i % 2
             add.append(f"      hl_reg_fence(hl_d[{mt}][{i}]); {acc}[{(2 * mt + h) * nr + 2 * j + e}] += "
                        f"hl_d[{mt}][{i}];")
-    if FADD_TILES > 1:
-        add = [f"    if (hl_kt % {FADD_TILES} == {FADD_TILES - 1} || hl_kt == {kt - 1}) {{", *add, "    }"]
-    if INTERLEAVE:
-        return o + _interleaved(g, st, kt, issue, convert_parts, mmas, add)
-    o += ["  // the ring: tiles 0 .. st - 2 in flight, tile 0's B split into planes 0"]
-    for s0 in range(st - 1):
-        o += ["  {", *issue(str(s0), str(s0)), "  }"] if s0 < kt else []
-        o.append("  hl_cp_commit();")
-    o += [f"  hl_cp_wait<{st - 2}>();", "  __syncthreads();", *convert("0", "0"), "  __syncthreads();",
-          f"  for (int hl_kt = 0; hl_kt < {kt}; ++hl_kt) {{",
-          f"    const int hl_cur = hl_kt % {st}, hl_pbuf = hl_kt & 1;",
-          *mmas("hl_cur", "hl_pbuf"),
-          f"    if (hl_kt + 1 < {kt}) hl_cp_wait<{st - 3}>();",
-          "    __syncthreads();",
-          f"    if (hl_kt + {st - 1} < {kt}) {{",
-          f"      const int hl_nk = hl_kt + {st - 1}, hl_ns = hl_nk % {st};",
-          *issue("hl_nk", "hl_ns"),
-          "    }",
-          "    hl_cp_commit();",
-          f"    if (hl_kt + 1 < {kt}) {{",
-          *convert(f"(hl_kt + 1) % {st}", "(hl_pbuf ^ 1)"),
-          "    }",
-          "    hl_wgmma_wait0();",
-          *add,
-          "    __syncthreads();",
-          "  }",
-          "}"]
-    return o
+    return o + _interleaved(g, st, kt, issue, convert_parts, mmas, add)
 
 
 def _interleaved(g, st: int, kt: int, issue, convert_parts, mmas, add) -> list[str]:
@@ -329,7 +275,7 @@ def _interleaved(g, st: int, kt: int, issue, convert_parts, mmas, add) -> list[s
     head, items, tail = convert_parts("hl_nx", "(hl_pbuf ^ 1)")
     conv = head + [x for it in items for x in it] + tail
     n_items = len(items)
-    steps = mmas("hl_cur", "hl_pbuf", per_step=True)
+    steps = mmas("hl_cur", "hl_pbuf")
     o = ["  // the ring: tiles 0 .. st - 2 in flight, tile 0's B split into planes 0"]
     for s0 in range(st - 1):
         o += ["  {", *[x.replace("hl_nk", str(s0)).replace("hl_ns", str(s0)) for x in cps], "  }"] if s0 < kt else []
