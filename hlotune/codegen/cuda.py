@@ -15,7 +15,9 @@ Map:
                             tiled dot of the default schedule becomes shared tiles filled by a 3-stage cp.async ring
                             (A row-major; `GEMM_STAGES`, `GEMM_A_ROW`) or, for 16-row register tiles and 8-row ones in
                             small grids, double-buffered float4 register prefetch (A transposed), one barrier per K
-                            tile (`GEMM_TEMPLATE`)
+                            tile (`GEMM_TEMPLATE`); FFMA tilings of 8x16 / 16x8 per thread on 256 threads take the
+                            `cuda_simt` template (`GEMM_SIMT`: permuted shared tiles, one block per SM, grouped
+                            block rasterization through `_kernel_raster`)
   _gemm_mma_text            the GEMM template on tensor cores, chosen by the schedule (a ("tensor_core", 3) pragma on
                             the K-tile loop, where the tiling fits: `_mma_fits`): 3xTF32 mma.sync m16n8k8 (float32-
                             class error), the loop nest's accumulators used directly as the mma C fragments (TJ = 4
@@ -132,6 +134,7 @@ from ..schedule_space.loop_ir import (
     Store,
     walk_stmts,
 )
+from .cuda_simt import simt_fits, simt_raster, simt_shared_bytes, simt_stages, simt_text
 from .cuda_wgmma import wgmma_fits, wgmma_prelude, wgmma_shared_bytes, wgmma_stages, wgmma_text
 
 STATIC_SHARED_LIMIT = 48 * 1024
@@ -814,6 +817,7 @@ class _Emitter:
         self.if_depth = 0         # > 0 under an If (no block-wide barrier may be emitted there)
         self.n_xred = 0           # cross-thread reductions emitted (unique names)
         self.gemms: dict[str, _Gemm | _IGemm] = {}   # loop var -> GEMM template (`_gemm_loops`)
+        self.raster: str | None = None   # the blockIdx.x loop's value (`_kernel_raster`; None: blockIdx.x)
         self.n_vec = 0            # vectorized stores emitted (unique names)
         self.div_group: list[tuple[str, str]] | None = None   # a float4 store's quotients (ROW_DIV_GROUPED)
         self.plain_div = False    # the division itself (a grouped store's fallback)
@@ -864,6 +868,8 @@ class _Emitter:
                 self.stmt(s.body, d + 1, bb | {ax}, bt)
                 self.line(d, "}")
                 return
+            if is_b and ax == 0 and self.raster:
+                hw = self.raster
             self.line(d, "{")
             self.line(d + 1, f"const {self.idx} {v} = ({self.idx}){hw};")
             if n < full:
@@ -1701,6 +1707,16 @@ GEMM_A_ROW = True
 #: 42.5 us)
 GEMM_ASYNC_MAX_MR = 8
 GEMM_ASYNC_MR8_BLOCKS = 256
+#: session 10 (issue #7): FFMA tilings of 8x16 / 16x8 per thread on 256 threads (`cuda_simt.simt_fits`) run the
+#: `cuda_simt` template: the K loop in quads on plain shared tiles (B by cp.async, A^T through registers, a ring of
+#: GEMM_SIMT_STAGES), the tile moved between the quads and the loop nest's layout through shared memory before and
+#: after it (dynamic shared memory, at most GEMM_SIMT_SHARED_LIMIT), one block per SM, the blocks in groups of
+#: GEMM_SIMT_GROUP tile rows (`simt_raster`; 0: row-major).  H200 (docs/gpu.md "Session 10: FFMA GEMM"): 128x256x16 at
+#: 4096^3, the prototype of this design 97.5 % of cuBLAS float32 against 85.7 % for 8x4/8x32/BK16
+GEMM_SIMT = True
+GEMM_SIMT_STAGES = 2
+GEMM_SIMT_SHARED_LIMIT = 140 * 1024
+GEMM_SIMT_GROUP = 8
 
 
 @dataclass(frozen=True)
@@ -1727,11 +1743,15 @@ class _Gemm:
     pad_a: int = 4      # mma: floats of padding per row of A's shared tile (`_mma_pad_a`)
     smem_off: int = -1  # mma: byte offset of its tiles in the kernel's dynamic shared memory (-1: static arrays)
     wgmma: bool = False     # mma = 3 on Hopper's warpgroup MMA (`cuda_wgmma`, sm_90a; `GEMM_WGMMA`)
+    simt: bool = False      # FFMA, the big-tile template of `cuda_simt` (`GEMM_SIMT`)
+    raster: bool = False    # simt: the kernel runs its blocks in `simt_raster`'s order (set by `_kernel`)
 
     @property
     def shared_bytes(self) -> int:
         if self.wgmma:
             return wgmma_shared_bytes(self, self.stages)
+        if self.simt:
+            return simt_shared_bytes(self, self.stages)
         if self.mma:    # the ring, and with `GEMM_MMA_B_PLANES` B's small TF32 plane (3xTF32)
             plane = self.bk * self.bn if GEMM_MMA_B_PLANES and self.mma == 3 else 0
             return 4 * (self.stages * (self.bm * (self.bk + self.pad_a) + self.bk * self.bn) + plane)
@@ -1856,9 +1876,12 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
     wg = GEMM_WGMMA and tc == 3 and GEMM_MMA and _ARCH.get() in WGMMA_ARCHS and wgmma_fits(g) and \
         wgmma_stages(g, GEMM_WGMMA_STAGES, GEMM_WGMMA_SHARED_LIMIT) > 0
     mma = tc in MMA_PASSES and GEMM_MMA and (_mma_fits(g) or wg)
-    if g.shared_bytes > STATIC_SHARED_LIMIT and not mma:
+    simt = not mma and _simt_ok(g)
+    if g.shared_bytes > STATIC_SHARED_LIMIT and not mma and not simt:
         return None
-    if wg:
+    if simt:
+        g = dataclasses.replace(g, simt=True, stages=simt_stages(g, GEMM_SIMT_STAGES, GEMM_SIMT_SHARED_LIMIT))
+    elif wg:
         g = dataclasses.replace(g, mma=3, wgmma=True, a_row=True,
                                 stages=wgmma_stages(g, GEMM_WGMMA_STAGES, GEMM_WGMMA_SHARED_LIMIT))
     elif mma:
@@ -1903,6 +1926,23 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
             if len(seen) != rows * cols:
                 return None
     return g
+
+
+def _simt_ok(g: _Gemm) -> bool:
+    """Whether an FFMA tiling runs the `cuda_simt` template (`GEMM_SIMT`; cp.async and more than 48 KB of shared
+    memory per block: sm_80 and later)."""
+    arch = _ARCH.get()
+    return (GEMM_SIMT and arch.startswith("sm_") and arch[3:].rstrip("a").isdigit() and int(arch[3:].rstrip("a")) >= 80
+            and simt_fits(g) and simt_stages(g, GEMM_SIMT_STAGES, GEMM_SIMT_SHARED_LIMIT) > 0)
+
+
+def _simt_block_pointers(g: _Gemm, a: str, b: str) -> list[str]:
+    """`_gemm_block_pointers` with the block index the kernel runs as (`simt_raster`; blockIdx.x without it)."""
+    lines = _gemm_block_pointers(g, a, b)
+    ras = simt_raster(g, GEMM_SIMT_GROUP) if g.raster else None
+    if ras is not None:
+        lines[0] = f"  const int hl_tid = threadIdx.x, hl_bid = {ras};"
+    return lines
 
 
 def _fragment(name: str, arr: str, n: int, base: str) -> list[str]:
@@ -1963,6 +2003,8 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     (`_gemm_mma_text`)."""
     if g.mma:
         return _gemm_mma_text(g, acc, a, b)
+    if g.simt:
+        return simt_text(g, acc, a, b, _simt_block_pointers(g, a, b))
     if g.stages >= 2:
         return _gemm_async_text(g, acc, a, b)
     tj = g.bn // g.nr
@@ -3114,12 +3156,17 @@ def _kernel(name: str, kern: Stmt, params: dict[str, BufferDecl], inputs: set[st
             decls.append(f"__shared__ __align__(16) {ctype(a.dtype)} {sanitize(a.buffer)}[{n}];")
     if dynamic:     # the mma templates' tiles after the kernel's own shared buffers (`_gemm_loops` allows no others)
         for k_, g_ in gemms.items():
-            if isinstance(g_, _Gemm) and g_.mma:
+            if isinstance(g_, _Gemm) and (g_.mma or g_.simt):
                 gemms[k_] = dataclasses.replace(g_, smem_off=off)
                 off += _align16(g_.shared_bytes)
     bounds = f"{threads}, 2" if gemms and threads <= 256 else f"{threads}"   # GEMM: at most 128 registers
     if any(isinstance(g, _Gemm) and g.mma and _mma_big_regs(g) for g in gemms.values()):
         bounds = f"{threads}, 1"    # 255 registers: 256-thread mma blocks of big register tiles
+    if any(isinstance(g, _Gemm) and g.simt for g in gemms.values()):
+        bounds = f"{threads}, 1"    # cuda_simt: 217-235 registers
+    em.raster = _kernel_raster(kern, plan, gemms)
+    if em.raster is not None:
+        gemms.update({k_: dataclasses.replace(g_, raster=True) for k_, g_ in gemms.items()})
     lines = [f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({", ".join(sig)}) {{']
     lines += ["  " + x for x in decls]
     em.stmt(kern, 1, frozenset(), frozenset())
@@ -3191,6 +3238,9 @@ def _gemm_loops(kern: Stmt, params: dict[str, BufferDecl], plan: _KernelPlan) ->
                    if n not in inner)
         limit = GEMM_MMA_SHARED_LIMIT if all(isinstance(g, _Gemm) and g.mma for g in out.values()) else \
             STATIC_SHARED_LIMIT
+        if all(isinstance(g, _Gemm) and (g.mma or g.simt) for g in out.values()) and \
+                any(isinstance(g, _Gemm) and g.simt for g in out.values()):
+            limit = max(GEMM_MMA_SHARED_LIMIT, GEMM_SIMT_SHARED_LIMIT)
         if any(isinstance(g, _Gemm) and g.wgmma for g in out.values()):
             limit = GEMM_WGMMA_SHARED_LIMIT
         if rest + sum(g.shared_bytes for g in out.values()) > max(limit, STATIC_SHARED_LIMIT):
@@ -3198,6 +3248,19 @@ def _gemm_loops(kern: Stmt, params: dict[str, BufferDecl], plan: _KernelPlan) ->
         for n in inner:
             plan.shared.pop(n, None)
     return out
+
+
+def _kernel_raster(kern: Stmt, plan: _KernelPlan, gemms: dict) -> str | None:
+    """The block index expression of a kernel whose one GEMM loop runs the `cuda_simt` template with grouped
+    rasterization: every use of the kernel's (single, full-extent) blockIdx.x loop variable then reads the same tile
+    as the template (None: blockIdx.x)."""
+    simts = [g for g in gemms.values() if isinstance(g, _Gemm) and g.simt]
+    if len(simts) != 1 or len(gemms) != 1 or plan.stride_x:
+        return None
+    blocks = [f for f in walk_stmts(kern) if isinstance(f, For) and f.kind in _BLOCK]
+    if len(blocks) != 1 or blocks[0].kind is not ForKind.BLOCK_X or blocks[0].const_extent != plan.grid[0]:
+        return None
+    return simt_raster(simts[0], GEMM_SIMT_GROUP)
 
 
 def _align16(n: int) -> int:

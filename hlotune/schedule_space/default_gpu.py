@@ -113,6 +113,14 @@ _WARP_ROW_TILES = ((8, 4, 8, 32, 16, 0.9), (16, 4, 8, 32, 8, 4.0), (4, 4, 8, 32,
 #: transformer_block 284 -> 270 us
 _SHORT_K_TILES = ((8, 4, 4, 32, 16, 3.5),)
 SHORT_K = 512
+#: ... then, with FFMA_SIMT_TILES, for dots of K > SHORT_K (K a multiple of 16) first: 8x16 on 16x16 threads (128x256
+#: tiles, BK 16), the code generator's `cuda_simt` template (codegen.cuda.GEMM_SIMT; one block per SM), for grids of
+#: 3.5 waves or more (not in _WARP_ROW_TILES, the search's default point).  H200, session 10 (logs/gpu_s10f, 7 rounds
+#: interleaved with cuBLAS float32, docs/gpu.md "Session 10: FFMA GEMM"): the prototype of the template's design
+#: (quads in the K loop, the tile exchanged through shared memory) 97.5 % of cuBLAS at 4096^3, against 85.7 % for
+#: 8x4/8x32/BK16
+FFMA_SIMT_TILES = True
+_SIMT_TILES = ((8, 16, 16, 16, 16, 3.5),)
 
 
 def _pick(default: int, n: int, cap: int) -> int:
@@ -443,6 +451,9 @@ def _tensor_core(I: int, J: int, K: int, batch: int, max_threads: int) -> int:
 #: (logs/gpu_s9g/defaults_ab.json), the same bits
 VEC_EPILOGUE_WGMMA = True
 VEC_EPILOGUE_MMA = True
+#: ... and for the FFMA `_SIMT_TILES` (codegen's cuda_simt template, one block per SM: the epilogue is not overlapped
+#: by another block's K loop): 16 consecutive floats per thread and row as 4 float4 stores (session 10)
+VEC_EPILOGUE_SIMT = True
 
 
 def _epilogue_columns(out: str, j: str, mma: int, mr: int, nr: int, ti: int, tj: int, bk: int) -> list[Step]:
@@ -450,7 +461,8 @@ def _epilogue_columns(out: str, j: str, mma: int, mr: int, nr: int, ti: int, tj:
     vectorized (see VEC_EPILOGUE_WGMMA).  The FFMA template keeps scalar stores: float4 stores measured 83.6 against
     85.3 % of cuBLAS at 4096^3 and level on the models (session 9, logs/gpu_s9g/ffma_epi)."""
     wg = mma == 3 and mr == 2 and nr in (16, 32) and tj == 4 and bk == 32 and ti * tj in (128, 256)
-    if mma and nr % 4 == 0 and nr > 4 and (VEC_EPILOGUE_WGMMA if wg else VEC_EPILOGUE_MMA and tj == 4):
+    simt = not mma and VEC_EPILOGUE_SIMT and (mr, nr, ti, tj) in ((8, 16, 16, 16), (16, 8, 16, 16))
+    if simt or mma and nr % 4 == 0 and nr > 4 and (VEC_EPILOGUE_WGMMA if wg else VEC_EPILOGUE_MMA and tj == 4):
         return [Split(out, f"{j}.2", (4,)), Annotate(out, f"{j}.2.0", ForKind.UNROLLED),
                 Annotate(out, f"{j}.2.1", ForKind.VECTORIZED)]
     return [Annotate(out, f"{j}.2", ForKind.UNROLLED)]
@@ -485,7 +497,9 @@ def _tile_sizes(I: int, J: int, K: int, max_threads: int, batch: int = 1,
                     (mr, nr, ti, tj, bk, waves) == fits[-1]:
                 return mr, nr, ti, tj, bk
     if _RNG is None:
-        tiles = _IMPLICIT_TILES if implicit else (_SHORT_K_TILES if K <= SHORT_K else ()) + _WARP_ROW_TILES
+        tiles = _IMPLICIT_TILES if implicit else \
+            (_SHORT_K_TILES if K <= SHORT_K else _SIMT_TILES if K % 16 == 0 and FFMA_SIMT_TILES else ()) + \
+            _WARP_ROW_TILES
         fits = [t for t in tiles
                 if I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0 and t[2] * t[3] <= max_threads]
         for mr, nr, ti, tj, bk, waves in fits:

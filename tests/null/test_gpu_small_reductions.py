@@ -74,7 +74,7 @@ def test_short_k_dots_take_128_thread_gemm_tiles(monkeypatch):
     (old,) = generate_cuda(lower(cd, default_gpu_schedule(cd), name="k")).launches
     assert (old.grid, old.block) == ((256, 1, 1), (256, 1, 1))
     monkeypatch.setattr(dg, "_SHORT_K_TILES", short)
-    assert dg._tile_sizes(4096, 4096, 4096, 1024)[:4] == dg._WARP_ROW_TILES[0][:4]   # K 4096: unchanged
+    assert dg._tile_sizes(4096, 4096, 4096, 1024)[:4] == (dg._SIMT_TILES + dg._WARP_ROW_TILES)[0][:4]   # K 4096
     assert dg._tile_sizes(4096, 512, 512, 1024)[:4] == dg._SHORT_K_TILES[0][:4]
     hlo = """HloModule d
 ENTRY e {
