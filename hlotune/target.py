@@ -7,6 +7,7 @@ Map:
   Target.from_string()    "cpu" / "host" / "llvm" / "cuda" / a JSON object (Target.to_json)
   .fingerprint / .family  database keys: exact machine+toolchain, and the ISA family used as fallback
   register_detector()     lets a higher layer (the CUDA backend) plug in its own detection
+  cuda_shared_limit(arch) the most shared memory one thread block may take on a CUDA arch ("sm_86" -> 99 KB)
 
 This module is at the bottom of the layers: it imports only `config`, `errors` and llvmlite.
 """
@@ -28,6 +29,21 @@ from .errors import InputError, UnsupportedError
 SCHEDULE_FORMAT_VERSION = 1
 
 _CACHE_ROOT = "/sys/devices/system/cpu"
+
+#: shared memory one thread block may take (bytes, with the opt-in for dynamic shared memory past 48 KB), by compute
+#: capability (CUDA C++ Programming Guide, technical specifications per compute capability)
+_CUDA_SHARED = {70: 96 * 1024, 72: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024,
+                89: 99 * 1024, 90: 227 * 1024, 100: 227 * 1024, 103: 227 * 1024, 120: 99 * 1024}
+
+
+def cuda_shared_limit(arch: str) -> int:
+    """Bytes of shared memory one block may take on `arch` ("sm_90", "sm_90a", "sm_86", ...): the table above; an arch
+    not in it gets 99 KB from compute capability 7.0 on (the smallest of the recent ones), else 48 KB."""
+    digits = arch[3:].rstrip("abf") if arch.startswith("sm_") else ""
+    if not digits.isdigit():
+        return 48 * 1024
+    cc = int(digits)
+    return _CUDA_SHARED.get(cc, 99 * 1024 if cc >= 70 else 48 * 1024)
 
 
 @dataclass(frozen=True)

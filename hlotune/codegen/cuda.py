@@ -134,6 +134,7 @@ from ..schedule_space.loop_ir import (
     Store,
     walk_stmts,
 )
+from ..target import cuda_shared_limit
 from .cuda_simt import simt_fits, simt_raster, simt_shared_bytes, simt_stages, simt_text
 from .cuda_wgmma import wgmma_fits, wgmma_prelude, wgmma_shared_bytes, wgmma_stages, wgmma_text
 
@@ -1873,17 +1874,18 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
     g = _Gemm(ga.name, gb.name, st.buffer, m, n, k, bm, bn, bk, mr, nr, t,
               m * k if len(ga.shape) > 2 and nbat > 1 else 0, k * n if len(gb.shape) > 2 and nbat > 1 else 0)
     tc = dict(s.annotations).get("tensor_core", 0)
+    wg_limit = min(GEMM_WGMMA_SHARED_LIMIT, _shared_cap())
     wg = GEMM_WGMMA and tc == 3 and GEMM_MMA and _ARCH.get() in WGMMA_ARCHS and wgmma_fits(g) and \
-        wgmma_stages(g, GEMM_WGMMA_STAGES, GEMM_WGMMA_SHARED_LIMIT) > 0
+        wgmma_stages(g, GEMM_WGMMA_STAGES, wg_limit) > 0
     mma = tc in MMA_PASSES and GEMM_MMA and (_mma_fits(g) or wg)
     simt = not mma and _simt_ok(g)
     if g.shared_bytes > STATIC_SHARED_LIMIT and not mma and not simt:
         return None
     if simt:
-        g = dataclasses.replace(g, simt=True, stages=simt_stages(g, GEMM_SIMT_STAGES, GEMM_SIMT_SHARED_LIMIT))
+        g = dataclasses.replace(g, simt=True, stages=simt_stages(g, GEMM_SIMT_STAGES, _simt_limit()))
     elif wg:
         g = dataclasses.replace(g, mma=3, wgmma=True, a_row=True,
-                                stages=wgmma_stages(g, GEMM_WGMMA_STAGES, GEMM_WGMMA_SHARED_LIMIT))
+                                stages=wgmma_stages(g, GEMM_WGMMA_STAGES, wg_limit))
     elif mma:
         g = _mma_gemm(g, int(tc))
     elif GEMM_STAGES >= 2 and mr <= GEMM_ASYNC_MAX_MR and (mr < 8 or plan.grid[0] >= GEMM_ASYNC_MR8_BLOCKS):
@@ -1928,12 +1930,21 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
     return g
 
 
+def _shared_cap() -> int:
+    """The most shared memory one block may take on the arch being generated for (`target.cuda_shared_limit`)."""
+    return cuda_shared_limit(_ARCH.get())
+
+
+def _simt_limit() -> int:
+    return min(GEMM_SIMT_SHARED_LIMIT, _shared_cap())
+
+
 def _simt_ok(g: _Gemm) -> bool:
-    """Whether an FFMA tiling runs the `cuda_simt` template (`GEMM_SIMT`; cp.async and more than 48 KB of shared
-    memory per block: sm_80 and later)."""
+    """Whether an FFMA tiling runs the `cuda_simt` template (`GEMM_SIMT`; cp.async and its shared memory within the
+    arch's limit: sm_80 and later, not sm_86 / sm_89 with their 99 KB)."""
     arch = _ARCH.get()
     return (GEMM_SIMT and arch.startswith("sm_") and arch[3:].rstrip("a").isdigit() and int(arch[3:].rstrip("a")) >= 80
-            and simt_fits(g) and simt_stages(g, GEMM_SIMT_STAGES, GEMM_SIMT_SHARED_LIMIT) > 0)
+            and simt_fits(g) and simt_stages(g, GEMM_SIMT_STAGES, _simt_limit()) > 0)
 
 
 def _simt_block_pointers(g: _Gemm, a: str, b: str) -> list[str]:
@@ -2326,8 +2337,8 @@ def _mma_gemm(g: _Gemm, passes: int) -> _Gemm:
     g = dataclasses.replace(g, mma=passes, pad_a=_mma_pad_a(g.mr, g.bk), a_row=True, stages=0)
     fixed = g.shared_bytes      # B's small plane (`GEMM_MMA_B_PLANES`)
     per_stage = dataclasses.replace(g, stages=1).shared_bytes - fixed
-    return dataclasses.replace(g, stages=max(0, min(GEMM_MMA_STAGES, (GEMM_MMA_SHARED_LIMIT - fixed) // per_stage,
-                                                    g.k // g.bk + 1)))
+    limit = min(GEMM_MMA_SHARED_LIMIT, _shared_cap())
+    return dataclasses.replace(g, stages=max(0, min(GEMM_MMA_STAGES, (limit - fixed) // per_stage, g.k // g.bk + 1)))
 
 
 def _mma_big_regs(g: _Gemm) -> bool:
@@ -3243,7 +3254,7 @@ def _gemm_loops(kern: Stmt, params: dict[str, BufferDecl], plan: _KernelPlan) ->
             limit = max(GEMM_MMA_SHARED_LIMIT, GEMM_SIMT_SHARED_LIMIT)
         if any(isinstance(g, _Gemm) and g.wgmma for g in out.values()):
             limit = GEMM_WGMMA_SHARED_LIMIT
-        if rest + sum(g.shared_bytes for g in out.values()) > max(limit, STATIC_SHARED_LIMIT):
+        if rest + sum(g.shared_bytes for g in out.values()) > max(min(limit, _shared_cap()), STATIC_SHARED_LIMIT):
             return {}
         for n in inner:
             plan.shared.pop(n, None)

@@ -40,7 +40,7 @@ import math
 
 from ..ir.expr import Binary, ComputeDef, Load, Stage, Unary, walk
 from ..ir.hlo import Op
-from ..target import Target
+from ..target import Target, cuda_shared_limit
 from .default import _consumers, _contiguous_in, _divisor_at_most, _reads_same_point
 from .loop_ir import ForKind
 from .steps import (
@@ -83,6 +83,8 @@ def default_gpu_schedule(cd: ComputeDef, target: Target | None = None, rng=None,
     _OPTS = dict(options or {})
     _OPTS.setdefault("sms", target.cores if target is not None and target.kind == "cuda" else SMS)
     _OPTS.setdefault("hopper", target is None or target.kind != "cuda" or (target.arch or "sm_90").startswith("sm_90"))
+    _OPTS.setdefault("shared", cuda_shared_limit(target.arch or "sm_90") if target is not None and target.kind == "cuda"
+                     else cuda_shared_limit("sm_90"))
     try:
         return _schedule(cd, max_threads, threads if rng is None else int(rng.choice([32, 64, 128, 256, 512])))
     finally:
@@ -121,6 +123,9 @@ SHORT_K = 512
 #: 8x4/8x32/BK16
 FFMA_SIMT_TILES = True
 _SIMT_TILES = ((8, 16, 16, 16, 16, 3.5),)
+#: ... only where a block may take the template's shared memory (its tile exchange: 128 x (256 + 4) floats; not on
+#: sm_86 / sm_89, 99 KB)
+_SIMT_SHARED = 4 * 128 * (256 + 4)
 
 
 def _pick(default: int, n: int, cap: int) -> int:
@@ -498,7 +503,8 @@ def _tile_sizes(I: int, J: int, K: int, max_threads: int, batch: int = 1,
                 return mr, nr, ti, tj, bk
     if _RNG is None:
         tiles = _IMPLICIT_TILES if implicit else \
-            (_SHORT_K_TILES if K <= SHORT_K else _SIMT_TILES if K % 16 == 0 and FFMA_SIMT_TILES else ()) + \
+            (_SHORT_K_TILES if K <= SHORT_K else _SIMT_TILES if K % 16 == 0 and FFMA_SIMT_TILES
+             and _OPTS.get("shared", _SIMT_SHARED) >= _SIMT_SHARED else ()) + \
             _WARP_ROW_TILES
         fits = [t for t in tiles
                 if I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0 and t[2] * t[3] <= max_threads]

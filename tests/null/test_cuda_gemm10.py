@@ -132,3 +132,22 @@ def test_4096_kernel_compiles_without_spills(monkeypatch, tmp_path):
     src = generate_cuda(lower(cd, default_gpu_schedule(cd, options={"tensor_core": 0}), name="mm"))
     assert "cuda_simt" in src.text
     assert_compiles_without_spills(src.text, tmp_path, 255)
+
+
+def test_shared_memory_stays_within_the_arch_limit():
+    """Every GEMM template keeps a block's shared memory within what the arch allows (`target.cuda_shared_limit`):
+    sm_86 / sm_89 take 99 KB, so the 4096^3 FFMA default there is not cuda_simt (133 KB), and the mma ring takes
+    fewer stages; sm_80 and sm_90 keep the texts they had."""
+    import hlotune.schedule_space.default_gpu as dg
+    from hlotune.target import cuda_shared_limit
+
+    assert [cuda_shared_limit(a) // 1024 for a in ("sm_90a", "sm_86", "sm_80", "sm_75", "sm_61", "sm_121", "gfx90a")] \
+        == [227, 99, 163, 64, 48, 99, 48]
+    cd = _mm(4096, 4096, 4096)
+    for arch in ("sm_80", "sm_86", "sm_89", "sm_90"):
+        cap = cuda_shared_limit(arch)
+        for opts in ({"tensor_core": 0}, {"tensor_core": 0, "tiles": dg._SIMT_TILES[0][:5]}, {"tensor_core": 3},
+                     *({"tensor_core": 3, "tiles": t[:5]} for t in dg._MMA_TILES)):
+            src = generate_cuda(lower(cd, default_gpu_schedule(cd, options={**opts, "shared": cap}), name="mm"), arch)
+            assert all(ln.shared_bytes <= cap for ln in src.launches), (arch, opts)
+            assert ("cuda_simt" in src.text) == (cap >= dg._SIMT_SHARED and opts["tensor_core"] == 0), (arch, opts)
