@@ -7,7 +7,8 @@ Map:
   Target.from_string()    "cpu" / "host" / "llvm" / "cuda" / a JSON object (Target.to_json)
   .fingerprint / .family  database keys: exact machine+toolchain, and the ISA family used as fallback
   register_detector()     lets a higher layer (the CUDA backend) plug in its own detection
-  cuda_shared_limit(arch) the most shared memory one thread block may take on a CUDA arch ("sm_86" -> 99 KB)
+  cuda_cc / cuda_shared_limit(arch)  a CUDA arch's compute capability ("sm_90a" -> 90), and the most shared memory
+                          one thread block may take there ("sm_86" -> 99 KB)
 
 This module is at the bottom of the layers: it imports only `config`, `errors` and llvmlite.
 """
@@ -36,13 +37,18 @@ _CUDA_SHARED = {70: 96 * 1024, 72: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86:
                 89: 99 * 1024, 90: 227 * 1024, 100: 227 * 1024, 103: 227 * 1024, 120: 99 * 1024}
 
 
+def cuda_cc(arch: str) -> int | None:
+    """The compute capability of a CUDA arch name as an integer ("sm_90a" -> 90, "sm_86" -> 86; None: not one)."""
+    digits = arch[3:].rstrip("abf") if arch.startswith("sm_") else ""
+    return int(digits) if digits.isdigit() else None
+
+
 def cuda_shared_limit(arch: str) -> int:
     """Bytes of shared memory one block may take on `arch` ("sm_90", "sm_90a", "sm_86", ...): the table above; an arch
     not in it gets 99 KB from compute capability 7.0 on (the smallest of the recent ones), else 48 KB."""
-    digits = arch[3:].rstrip("abf") if arch.startswith("sm_") else ""
-    if not digits.isdigit():
+    cc = cuda_cc(arch)
+    if cc is None:
         return 48 * 1024
-    cc = int(digits)
     return _CUDA_SHARED.get(cc, 99 * 1024 if cc >= 70 else 48 * 1024)
 
 

@@ -16,8 +16,9 @@ Map:
                             (A row-major; `GEMM_STAGES`, `GEMM_A_ROW`) or, for 16-row register tiles and 8-row ones in
                             small grids, double-buffered float4 register prefetch (A transposed), one barrier per K
                             tile (`GEMM_TEMPLATE`); FFMA tilings of 8x16 / 16x8 per thread on 256 threads take the
-                            `cuda_simt` template (`GEMM_SIMT`: permuted shared tiles, one block per SM, grouped
-                            block rasterization through `_kernel_raster`)
+                            `cuda_simt` template (`GEMM_SIMT`: a K loop in quads, the tile exchanged through shared
+                            memory, one block per SM, grouped block rasterization through `_kernel_raster`); every
+                            template's shared memory within the arch's limit (`_shared_cap`)
   _gemm_mma_text            the GEMM template on tensor cores, chosen by the schedule (a ("tensor_core", 3) pragma on
                             the K-tile loop, where the tiling fits: `_mma_fits`): 3xTF32 mma.sync m16n8k8 (float32-
                             class error), the loop nest's accumulators used directly as the mma C fragments (TJ = 4
@@ -134,7 +135,7 @@ from ..schedule_space.loop_ir import (
     Store,
     walk_stmts,
 )
-from ..target import cuda_shared_limit
+from ..target import cuda_cc, cuda_shared_limit
 from .cuda_simt import simt_fits, simt_raster, simt_shared_bytes, simt_stages, simt_text
 from .cuda_wgmma import wgmma_fits, wgmma_prelude, wgmma_shared_bytes, wgmma_stages, wgmma_text
 
@@ -1942,18 +1943,14 @@ def _simt_limit() -> int:
 def _simt_ok(g: _Gemm) -> bool:
     """Whether an FFMA tiling runs the `cuda_simt` template (`GEMM_SIMT`; cp.async and its shared memory within the
     arch's limit: sm_80 and later, not sm_86 / sm_89 with their 99 KB)."""
-    arch = _ARCH.get()
-    return (GEMM_SIMT and arch.startswith("sm_") and arch[3:].rstrip("a").isdigit() and int(arch[3:].rstrip("a")) >= 80
-            and simt_fits(g) and simt_stages(g, GEMM_SIMT_STAGES, _simt_limit()) > 0)
+    return (GEMM_SIMT and (cuda_cc(_ARCH.get()) or 0) >= 80 and simt_fits(g)
+            and simt_stages(g, GEMM_SIMT_STAGES, _simt_limit()) > 0)
 
 
 def _simt_block_pointers(g: _Gemm, a: str, b: str) -> list[str]:
     """`_gemm_block_pointers` with the block index the kernel runs as (`simt_raster`; blockIdx.x without it)."""
-    lines = _gemm_block_pointers(g, a, b)
     ras = simt_raster(g, GEMM_SIMT_GROUP) if g.raster else None
-    if ras is not None:
-        lines[0] = f"  const int hl_tid = threadIdx.x, hl_bid = {ras};"
-    return lines
+    return _gemm_block_pointers(g, a, b, ras or "blockIdx.x")
 
 
 def _fragment(name: str, arr: str, n: int, base: str) -> list[str]:
@@ -1994,11 +1991,11 @@ def _double_buffered_k_loop(kt: int, bk: int, mr: int, nr: int, acc: str, load_n
             "  }"]
 
 
-def _gemm_block_pointers(g: _Gemm, a: str, b: str) -> list[str]:
-    """The GEMM templates' first lines after the shared declarations: thread and block index, the block's tile
-    (column, row, batch: column tiles vary fastest) and its A and B pointers."""
+def _gemm_block_pointers(g: _Gemm, a: str, b: str, bid: str = "blockIdx.x") -> list[str]:
+    """The GEMM templates' first lines after the shared declarations: thread and block index (`bid`: the block index
+    expression), the block's tile (column, row, batch: column tiles vary fastest) and its A and B pointers."""
     nbj, nbi = g.n // g.bn, g.m // g.bm
-    return ["  const int hl_tid = threadIdx.x, hl_bid = blockIdx.x;",
+    return [f"  const int hl_tid = threadIdx.x, hl_bid = {bid};",
             f"  const int hl_bj = hl_bid % {nbj}, hl_bi = (hl_bid / {nbj}) % {nbi}, hl_bb = hl_bid / {nbj * nbi};",
             f"  const float* __restrict__ hl_A = {a} + (long long)hl_bb * {g.a_batch}LL + (long long)hl_bi * "
             f"{g.bm * g.k}LL;",

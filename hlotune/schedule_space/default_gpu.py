@@ -83,8 +83,8 @@ def default_gpu_schedule(cd: ComputeDef, target: Target | None = None, rng=None,
     _OPTS = dict(options or {})
     _OPTS.setdefault("sms", target.cores if target is not None and target.kind == "cuda" else SMS)
     _OPTS.setdefault("hopper", target is None or target.kind != "cuda" or (target.arch or "sm_90").startswith("sm_90"))
-    _OPTS.setdefault("shared", cuda_shared_limit(target.arch or "sm_90") if target is not None and target.kind == "cuda"
-                     else cuda_shared_limit("sm_90"))
+    _OPTS.setdefault("shared", cuda_shared_limit((target.arch if target is not None and target.kind == "cuda" else "")
+                                                 or "sm_90"))
     try:
         return _schedule(cd, max_threads, threads if rng is None else int(rng.choice([32, 64, 128, 256, 512])))
     finally:
