@@ -8,10 +8,10 @@ torch.compile where the model is easy to write in torch; writes gpu_session.json
 
 Model timing: inputs in device memory; `exe.call_device(*inputs)` called 20 times back to back between two
 CUDA events, median of 5 rounds (launch and Python glue included, as JAX's figures include dispatch);
-JAX the same way (block_until_ready at the end of each round) in a separate process that imports nothing but JAX
-(`jax_gpu_clean.py`: in this process, beside torch's and pycuda's CUDA contexts, JAX measured 1.5-2x slower than
-its reference figures, session 10; that figure is kept as jax_inproc_s); torch.compile (mode
-"max-autotune-no-cudagraphs" is not used: default mode) the same way.
+JAX the same way (block_until_ready at the end of each round) in separate processes that import nothing but JAX
+(`jax_gpu_clean.py`, three processes, the median per model: in this process, beside torch's and pycuda's CUDA
+contexts, JAX measured 1.5-2x slower than its reference figures, session 10; that figure is kept as
+jax_inproc_s); torch.compile (mode "max-autotune-no-cudagraphs" is not used: default mode) the same way.
 
 Figures: matmul 1024^3 and 4096^3 in GFLOP/s (ours vs cuBLAS) with the relative error against a float64
 product; every fused subgraph of the memory-bound fixtures at bench size in GB/s (bytes = inputs read once +
@@ -754,23 +754,31 @@ def _events_round_time(fn, torch, rounds=5, calls=20) -> float:
     return float(np.median(ts))
 
 
-def jax_clean_times(models: list[str], log, timeout: float = 300.0) -> dict[str, float]:
-    """Seconds per call of each model's JAX function, timed by jax_gpu_clean.py in its own process ({} on failure)."""
+def jax_clean_times(models: list[str], log, timeout: float = 300.0, processes: int = 3,
+                    python: str = sys.executable) -> dict[str, float]:
+    """Seconds per call of each model's JAX function, timed by jax_gpu_clean.py in `processes` processes of its own
+    one after the other (JAX's per-call figure moves by up to 1.5x between processes, session 10): the median over
+    the processes ({} when none ran)."""
     import tempfile
 
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "jax.json"
-        cmd = [sys.executable, str(Path(__file__).with_name("jax_gpu_clean.py")), "--out", str(out),
-               "--models", ",".join(models)]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-            times = json.loads(out.read_text()) if out.exists() else {}
-        except (subprocess.TimeoutExpired, OSError, ValueError) as e:
-            log(f"JAX in a clean process: failed ({type(e).__name__}: {e})")
-            return {}
-    if r.returncode:
-        log(f"JAX in a clean process: exit {r.returncode}: {r.stderr[-300:]}")
-    log("JAX in a clean process (us per call): " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in times.items()))
+    runs: list[dict[str, float]] = []
+    for p in range(processes):
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "jax.json"
+            cmd = [python, str(Path(__file__).with_name("jax_gpu_clean.py")), "--out", str(out), "--models",
+                   ",".join(models)]
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+                runs.append(json.loads(out.read_text()) if out.exists() else {})
+            except (subprocess.TimeoutExpired, OSError, ValueError) as e:
+                log(f"JAX in a clean process ({p + 1}): failed ({type(e).__name__}: {e})")
+                continue
+        if r.returncode:
+            log(f"JAX in a clean process ({p + 1}): exit {r.returncode}: {r.stderr[-300:]}")
+    runs = [x for x in runs if x]
+    times = {k: float(np.median([x[k] for x in runs if k in x])) for k in models if any(k in x for x in runs)}
+    log(f"JAX in {len(runs)} clean processes (us per call, median; per process): " + ", ".join(
+        f"{k} {v * 1e6:.1f} ({' / '.join(f'{x[k] * 1e6:.1f}' for x in runs if k in x)})" for k, v in times.items()))
     return times
 
 
