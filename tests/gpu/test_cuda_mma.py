@@ -68,6 +68,16 @@ def _err(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.max(np.abs(got.astype(np.float64) - want)) / np.max(np.abs(want)))
 
 
+def _dot_err(kern, sg, seed: int) -> float:
+    """`_err` of `kern` (a dot of subgraph `sg`) on seeded N(0, 1) inputs, against numpy's float64 product."""
+    rng = np.random.default_rng(seed)
+    a, b = (rng.standard_normal(x.shape).astype(np.float32) for x in sg.workload.compute.inputs[:2])
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    out = np.full(want.shape, np.nan, np.float32)
+    kern(a, b, out)
+    return _err(out, want)
+
+
 @pytest.mark.parametrize("pair", [False, True])
 def test_mma_dots_against_float64(pair, monkeypatch):
     """The dots under the default and with `GEMM_MMA_PAIR_STEPS` (two 8-k steps per zeroed fragment)."""
@@ -79,14 +89,8 @@ def test_mma_dots_against_float64(pair, monkeypatch):
     errs: dict = {}
     for label, hlo, opts in mma_cases():
         sg, kern = _build(hlo, opts, label)
-        cd = sg.workload.compute
         assert ("tensor cores" in kern.text) == bool(opts.get("tensor_core")), label
-        rng = np.random.default_rng(len(label))
-        a, b = (rng.standard_normal(x.shape).astype(np.float32) for x in cd.inputs[:2])
-        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
-        out = np.full(want.shape, np.nan, np.float32)
-        kern(a, b, out)
-        errs[label] = _err(out, want)
+        errs[label] = _dot_err(kern, sg, len(label))
     print(f"pair {pair}:", {k: f"{v:.2e}" for k, v in errs.items()})
     for label, e in errs.items():
         if label.endswith("3xtf32") and not label.startswith("256x512x128 ("):

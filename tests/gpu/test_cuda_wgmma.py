@@ -11,7 +11,7 @@ import pytest
 
 from hlotune.ir.compute import constant_values
 from hlotune.ir.compute_eval import evaluate_compute
-from tests.gpu.test_cuda_mma import TOL_3X, _build, _dot_hlo, _err
+from tests.gpu.test_cuda_mma import TOL_3X, _build, _dot_err, _dot_hlo, _err
 
 
 def _hopper() -> bool:
@@ -54,13 +54,7 @@ def test_wgmma_dots_against_float64(wgmma_on):
     for label, hlo, opts, wg in wgmma_cases():
         sg, kern = _build(hlo, opts, label)
         assert ("wgmma.mma_async" in kern.text) == wg, label
-        cd = sg.workload.compute
-        rng = np.random.default_rng(len(label))
-        a, b = (rng.standard_normal(x.shape).astype(np.float32) for x in cd.inputs[:2])
-        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
-        out = np.full(want.shape, np.nan, np.float32)
-        kern(a, b, out)
-        errs[label] = _err(out, want)
+        errs[label] = _dot_err(kern, sg, len(label))
     print({k: f"{v:.2e}" for k, v in errs.items()})
     for label, e in errs.items():
         if label.endswith("wgmma"):
