@@ -1747,6 +1747,12 @@ class _Gemm:
     wgmma: bool = False     # mma = 3 on Hopper's warpgroup MMA (`cuda_wgmma`, sm_90a; `GEMM_WGMMA`)
     simt: bool = False      # FFMA, the big-tile template of `cuda_simt` (`GEMM_SIMT`)
     raster: bool = False    # simt: the kernel runs its blocks in `simt_raster`'s order (set by `_kernel`)
+    lda: int = 0            # elements per row of A (0: k); a split-K partial dot reads a K slice of longer rows
+
+    @property
+    def ka(self) -> int:
+        """A's row stride in elements."""
+        return self.lda or self.k
 
     @property
     def shared_bytes(self) -> int:
@@ -1864,7 +1870,9 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
     kt = int(s.const_extent)
     if k != k2 or bk != bk2 or bm % mr or bn % nr or (bm // mr) * (bn // nr) != t or m % bm or n % bn:
         return None
-    if k % bk or kt != k // bk or bk % 4 or bn % 4 or n % 4 or k % 4:
+    lda, kk = k, kt * bk     # split K (an rfactor's partial dots, batch = K slice): a batch reads kk of A's k columns
+    split = kk != k and len(ga.shape) == 2 and len(gb.shape) == 2 and k % kk == 0
+    if not split and kt != k // bk or k % bk or bk % 4 or bn % 4 or n % 4 or k % 4:
         return None
     if any(x % t and t % x for x in (bm * bk // 4, bk * bn // 4)):   # float4s per tile: a multiple or a divisor of T
         return None
@@ -1872,8 +1880,14 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
     nbat = plan.grid[0] // tiles
     if nbat * tiles != plan.grid[0] or any(math.prod(g.shape[:-2]) not in (1, nbat) for g in (ga, gb)):
         return None
-    g = _Gemm(ga.name, gb.name, st.buffer, m, n, k, bm, bn, bk, mr, nr, t,
-              m * k if len(ga.shape) > 2 and nbat > 1 else 0, k * n if len(gb.shape) > 2 and nbat > 1 else 0)
+    if split and nbat != k // kk:
+        return None
+    if split:
+        g = _Gemm(ga.name, gb.name, st.buffer, m, n, kk, bm, bn, bk, mr, nr, t, kk, kk * n, lda=lda)
+    else:
+        g = _Gemm(ga.name, gb.name, st.buffer, m, n, k, bm, bn, bk, mr, nr, t,
+                  m * k if len(ga.shape) > 2 and nbat > 1 else 0, k * n if len(gb.shape) > 2 and nbat > 1 else 0)
+    koff = kk if split else 0     # the K offset of batch bb: bb * koff
     tc = dict(s.annotations).get("tensor_core", 0)
     wg_limit = min(GEMM_WGMMA_SHARED_LIMIT, _shared_cap())
     wg = GEMM_WGMMA and tc == 3 and GEMM_MMA and _ARCH.get() in WGMMA_ARCHS and wgmma_fits(g) and \
@@ -1914,8 +1928,8 @@ def _gemm_check(s: For, bufs: dict, plan: _KernelPlan, hw: dict[str, str]) -> _G
     for bid, ktv in ((0, 0), (plan.grid[0] - 1, kt - 1)):
         bb, rest = divmod(bid, tiles)
         bi, bj = divmod(rest, n // bn)
-        for (fs, lp), gd, rows, cols, r0, c0 in ((fa, ga, bm, bk, bi * bm, ktv * bk),
-                                                  (fb, gb, bk, bn, ktv * bk, bj * bn)):
+        for (fs, lp), gd, rows, cols, r0, c0 in ((fa, ga, bm, bk, bi * bm, bb * koff + ktv * bk),
+                                                  (fb, gb, bk, bn, bb * koff + ktv * bk, bj * bn)):
             seen = set()
             base = {**{x: bid for x in bids}, s.var.name: ktv}
             for env in _points(lp, base):
@@ -1998,7 +2012,7 @@ def _gemm_block_pointers(g: _Gemm, a: str, b: str, bid: str = "blockIdx.x") -> l
     return [f"  const int hl_tid = threadIdx.x, hl_bid = {bid};",
             f"  const int hl_bj = hl_bid % {nbj}, hl_bi = (hl_bid / {nbj}) % {nbi}, hl_bb = hl_bid / {nbj * nbi};",
             f"  const float* __restrict__ hl_A = {a} + (long long)hl_bb * {g.a_batch}LL + (long long)hl_bi * "
-            f"{g.bm * g.k}LL;",
+            f"{g.bm * g.ka}LL;",
             f"  const float* __restrict__ hl_B = {b} + (long long)hl_bb * {g.b_batch}LL + hl_bj * {g.bn};"]
 
 
@@ -2039,7 +2053,7 @@ def gemm_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
         out = []
         for q in range(la):
             out.append(f"    {ga}{{ const int q = hl_tid + {q * g.threads}; hl_ra[{q}] = __ldg((const float4*)(hl_A + "
-                       f"(q / {ka}) * {g.k} + {kexpr} * {g.bk} + (q % {ka}) * 4)); }}")
+                       f"(q / {ka}) * {g.ka} + {kexpr} * {g.bk} + (q % {ka}) * 4)); }}")
         for q in range(lb):
             out.append(f"    {gb}{{ const int q = hl_tid + {q * g.threads}; hl_rb[{q}] = __ldg((const float4*)(hl_B + "
                        f"({kexpr} * {g.bk} + q / {nb4}) * {g.n} + (q % {nb4}) * 4)); }}")
@@ -2159,7 +2173,7 @@ def _gemm_async_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
     def issue(kexpr: str, sexpr: str) -> list[str]:
         out = []
         for q in range(la):
-            src = f"hl_A + r * {g.k} + {kexpr} * {g.bk} + c"
+            src = f"hl_A + r * {g.ka} + {kexpr} * {g.bk} + c"
             if g.a_row:
                 cp = f"hl_cp16(&hl_As[{sexpr}][r][c], {src});"
             else:
@@ -2441,7 +2455,7 @@ def _gemm_mma_text(g: _Gemm, acc: str, a: str, b: str) -> list[str]:
         out = []
         for q in range(la):
             out.append(f"      {ga}{{ const int q = hl_tid + {q * g.threads}; hl_cp16(&hl_As[{sexpr}][{e['a_row']}]"
-                       f"[{e['a_col']}], hl_A + ({e['a_row']}) * {g.k} + {kexpr} * {g.bk} + {e['a_col']}); }}")
+                       f"[{e['a_col']}], hl_A + ({e['a_row']}) * {g.ka} + {kexpr} * {g.bk} + {e['a_col']}); }}")
         for q in range(lb):
             out.append(f"      {gb}{{ const int q = hl_tid + {q * g.threads}; hl_cp16(&hl_Bs[{sexpr}][{e['b_row']}]"
                        f"[{e['b_col']}], hl_B + ({kexpr} * {g.bk} + {e['b_row']}) * {g.n} + (q % {g.bn // 4}) * 4); }}")

@@ -120,7 +120,7 @@ def simt_text(g, acc: str, a: str, b: str, block_pointers: list[str]) -> list[st
 
     def ldg_a(kexpr: str) -> list[str]:
         return [f"      {{ const int q = hl_tid + {u * t_}; hl_ra[{u}] = __ldg((const float4*)(hl_A + (long long)"
-                f"(q / {ka}) * {g.k} + {kexpr} * {bk} + (q % {ka}) * 4)); }}" for u in range(la)]
+                f"(q / {ka}) * {g.ka} + {kexpr} * {bk} + (q % {ka}) * 4)); }}" for u in range(la)]
 
     def sts_a(sexpr: str) -> list[str]:
         return [f"      {{ const int q = hl_tid + {u * t_}, r = q / {ka}, c = (q % {ka}) * 4; "

@@ -194,7 +194,7 @@ def wgmma_text(g, acc: str, a: str, b: str, block_pointers: list[str]) -> list[s
         out = []
         for q in range(la):
             out.append(f"      {ga}{{ const int q = hl_tid + {q * t_}; hl_cp16(&hl_As[{sexpr}][q / {bk // 4}]"
-                       f"[(q % {bk // 4}) * 4], hl_A + (q / {bk // 4}) * {g.k} + {kexpr} * {bk} + "
+                       f"[(q % {bk // 4}) * 4], hl_A + (q / {bk // 4}) * {g.ka} + {kexpr} * {bk} + "
                        f"(q % {bk // 4}) * 4); }}")
         for q in range(lb):
             out.append(f"      {gb}{{ const int q = hl_tid + {q * t_}; hl_cp16(&hl_Bs[{sexpr}][q / {bn // 4}]"

@@ -23,9 +23,14 @@ Map:
   _column_reduction(R)    column sums with few outputs: 32 columns x COLUMN_SPLIT row slices per block
                           (threadIdx.x, threadIdx.y), the slices combined by row 0; else outputs spread over
                           threads (serial reduction per thread; coalesced reads)
+  _split_k(R, O)          a dot (or, with options "split_k", any product of two inputs) whose output makes less than a
+                          wave of blocks: partial dots over SPLIT_K parts of K (rfactor; the GEMM or implicit-GEMM
+                          template reads K slices), then their sum in the elementwise consumer's thread loop
   _skinny_dot(S)          a dot with <= 16 rows or columns and few outputs: one warp per output
-                          (`_warp_row_reduction` over K) instead of register tiles
-  _full_reduction(R)      partial sums per (block, thread) into a global temporary, then one combine
+                          (`_warp_row_reduction` over K) instead of register tiles; TN ones whose wide operand is read
+                          along the output's columns: threads along them, K over threadIdx.y (`_column_dot`)
+  _full_reduction(R)      partial sums per (block, thread) into a global temporary, then one combine; below 4 x
+                          THREADS elements one block (a cross-thread reduction)
   _elementwise(S)         fuse, then blockIdx.x / threadIdx.x / vectorized 4 (one float4 load and store per
                           thread) where 4 divides the size; else blockIdx.x / unrolled / threadIdx.x
 
@@ -38,7 +43,7 @@ from __future__ import annotations
 
 import math
 
-from ..ir.expr import Binary, ComputeDef, Load, Stage, Unary, walk
+from ..ir.expr import Axis, Binary, ComputeDef, Load, Stage, Unary, walk
 from ..ir.hlo import Op
 from ..target import Target, cuda_shared_limit
 from .default import _consumers, _contiguous_in, _divisor_at_most, _reads_same_point
@@ -149,9 +154,17 @@ def _schedule(cd: ComputeDef, max_threads: int, threads: int) -> list[Step]:
             continue
         done.add(stage.name)
         prod = _fusable_producer(cd, stage, cons, inlined)
-        if prod is not None:
+        skp = _fusable_producer(cd, stage, cons, inlined, outputs=True)
+        sk = _split_k(cd, skp, stage, threads, max_threads) if skp is not None else \
+            _split_k(cd, stage, None, threads, max_threads) if _is_tiled_reduction(stage) else None
+        if sk is not None:
+            done.update(sk[1])
+            steps += sk[0]
+        elif prod is not None:
             done.add(prod.name)
             steps += _tiled(cd, stage.name, prod.name, stage.axes, prod, max_threads)
+        elif _skinny_dot(stage) and _column_dot(stage) is not None:
+            steps += _column_dot(stage)
         elif _skinny_dot(stage):
             red = [a.name for a in stage.reduce_axes]
             steps += _warp_row_reduction(stage.name, [a.name for a in stage.axes], red,
@@ -350,12 +363,46 @@ def _skinny_dot(stage: Stage) -> bool:
     return narrow <= SKINNY_DOT_N and _work(stage) <= SKINNY_DOT_OUTPUTS and k >= SKINNY_DOT_MIN_K
 
 
-def _fusable_producer(cd: ComputeDef, stage: Stage, cons: dict[str, list[str]], inlined: set[str]) -> Stage | None:
+#: ... unless the wide operand is read along the output's columns, not along K (the TN weight gradient [256, 10]^T x
+#: [256, 256] of mlp_train_step: one warp per output read a column of 256 rows, 32 rows per load, 5.1 us on the H200):
+#: then threads along those columns, coalesced, each all the narrow axis's outputs of its column in registers, K split
+#: over COLUMN_SPLIT threadIdx.y slices whose partials row 0 sums (`_column_dot`)
+COLUMN_DOT = True
+
+
+def _column_dot(stage: Stage) -> list[Step] | None:
+    """The column schedule above for a skinny dot (None where it does not apply)."""
+    if not _OPTS.get("column_dot", COLUMN_DOT) or len(stage.axes) != 2 or len(stage.reduce_axes) != 1:
+        return None
+    (a0, a1), r = stage.axes, stage.reduce_axes[0]
+    if (a0.extent > min(SKINNY_DOT_N, COLUMN_SPLIT) or a1.extent % 32 or _contiguous_in(stage, r.name)
+            or not _contiguous_in(stage, a1.name)
+            or r.extent % COLUMN_SPLIT or r.extent < 4 * COLUMN_SPLIT):
+        return None
+    name, rf = stage.name, stage.name + ".rf"
+    i0, i1, k = a0.name, a1.name, r.name
+    # the partials rf[K slice, i0, i1] in shared memory (a block's [COLUMN_SPLIT, i0, 32] at once, lanes along i1: no
+    # bank conflicts), each thread's accumulated in registers (rf.local) first; then one output per (threadIdx.x,
+    # threadIdx.y < i0's extent) sums its COLUMN_SPLIT partials
+    return [Split(name, k, (COLUMN_SPLIT,)), RFactor(name, f"{k}.1"), CacheWrite(rf, "local"),
+            Split(name, i1, (32,)), Reorder(name, (f"{i1}.0", f"{i1}.1", i0, f"{k}.1")),
+            Annotate(name, f"{i1}.0", ForKind.BLOCK_X), Annotate(name, f"{i1}.1", ForKind.THREAD_X),
+            Annotate(name, i0, ForKind.THREAD_Y), ComputeAt(rf, name, f"{i1}.0"),
+            Reorder(rf, (f"{k}.1", i1, i0)), Annotate(rf, f"{k}.1", ForKind.THREAD_Y),
+            Annotate(rf, i1, ForKind.THREAD_X), Annotate(rf, i0, ForKind.UNROLLED),
+            ComputeAt(rf + ".local", rf, i1), Reorder(rf + ".local", (f"{k}.1", i1, f"{k}.0", i0)),
+            Annotate(rf + ".local", f"{k}.0", ForKind.UNROLLED), Annotate(rf + ".local", i0, ForKind.UNROLLED)]
+
+
+def _fusable_producer(cd: ComputeDef, stage: Stage, cons: dict[str, list[str]], inlined: set[str],
+                      outputs: bool = False) -> Stage | None:
+    """The tiled reduction that elementwise `stage` alone reads, at its own point (computed in its thread loop);
+    `outputs`: also one that is an output of `cd` (a split-K dot's sum stores it there too)."""
     if stage.is_reduction:
         return None
     for name in sorted({e.buffer for e in walk(stage.body) if isinstance(e, Load)}):
         prod = cd.stage_by_name.get(name)
-        if (prod is not None and prod.name not in cd.outputs and cons[prod.name] == [stage.name]
+        if (prod is not None and (outputs or prod.name not in cd.outputs) and cons[prod.name] == [stage.name]
                 and _is_tiled_reduction(prod) and prod.shape == stage.shape and _reads_same_point(stage, prod.name)):
             return prod
     return None
@@ -523,7 +570,80 @@ def _tile_sizes(I: int, J: int, K: int, max_threads: int, batch: int = 1,
     return mr, nr, ti, tj, bk
 
 
-def _tiled(cd: ComputeDef, out: str, red: str, axes, red_stage: Stage, max_threads: int) -> list[Step]:
+#: split K: a dot of two plain inputs whose output makes fewer SPLIT_K_TILES blocks than SMs and whose K is at least
+#: SPLIT_K_MIN_K is computed as parts of K (an rfactor: partial dots of K / S each, a batch of S GEMMs on the GEMM
+#: template, or the implicit-GEMM one for TN / NT layouts, reading K slices of the operands), then summed per output
+#: (with the elementwise consumer: one kernel more).  H200, session 11 (benchmarks/gpu_split_k.py, each in a CUDA graph,
+#: docs/gpu.md "Session 11"): mlp_train_step's forward dot 256 x 256 x 784 with bias + ReLU 14.4 -> 8.0 us (7 parts, 224
+#: blocks; 8x4 tiles 8.6, 3xTF32 7.9), its weight gradient (TN, 784 x 256 x 256, SGD update) 11.8 -> 8.0 us (4 parts),
+#: mlp2's first layer 15.0 -> 10.8 us, a 256^3 matmul 5.3 -> 4.1 us; mlp_train_step 56.1 -> 43.5 us with the two changes
+#: below.  Not in the GPU search space (sketch_gpu) yet: the tuner reaches it through the default schedule only
+SPLIT_K = True
+SPLIT_K_TILES = (4, 4, 4, 32, 16)
+SPLIT_K_MIN_K = 256
+SPLIT_K_MIN_SLICE = 64
+SPLIT_K_WAVES = 2
+
+
+def _split_k_parts(I: int, J: int, K: int, nb: int) -> int:
+    """Parts of K for a split-K dot (1: none): options "split_k" where given, else with SPLIT_K, for dots of fewer
+    SPLIT_K_TILES blocks than SMs, the fewest parts of at least SPLIT_K_MIN_SLICE (a multiple of 16) that make
+    SPLIT_K_WAVES waves, or else the most such parts."""
+    if "split_k" in _OPTS:
+        return int(_OPTS["split_k"])
+    if _RNG is not None or "tiles" in _OPTS or not SPLIT_K or nb != 1 or K < SPLIT_K_MIN_K:
+        return 1
+    mr, nr, ti, tj, _ = SPLIT_K_TILES
+    if I % (mr * ti) or J % (nr * tj):
+        return 1
+    tiles, sms = (I // (mr * ti)) * (J // (nr * tj)), _OPTS.get("sms", SMS)
+    if tiles >= sms:
+        return 1
+    parts = [s for s in range(2, K // SPLIT_K_MIN_SLICE + 1) if K % s == 0 and (K // s) % 16 == 0]
+    return next((s for s in parts if tiles * s >= SPLIT_K_WAVES * sms), parts[-1] if parts else 1)
+
+
+def _split_k(cd: ComputeDef, red: Stage, cons_stage: Stage | None, threads: int,
+             max_threads: int) -> tuple[list[Step], set[str]] | None:
+    """Steps of a split-K dot `red` (see SPLIT_K) and of its elementwise consumer `cons_stage` (None: `red` is
+    scheduled alone), and the stages they schedule; None where the dot does not take it."""
+    layout = _template_layout(red)
+    if _product_of_two_inputs(cd, red) is None or len(red.reduce_axes) != 1:
+        return None
+    *batch, ax_i, ax_j = red.axes
+    k_ax = red.reduce_axes[0]
+    parts = _split_k_parts(ax_i.extent, ax_j.extent, k_ax.extent, math.prod(a.extent for a in batch))
+    if parts <= 1 or k_ax.extent % parts:
+        return None
+    ks = k_ax.extent // parts
+    r = k_ax.name
+    rf = f"{red.name}.rf"
+    part = Axis(f"{r}.0", parts)
+    rf_stage = Stage(rf, (part, *red.axes), red.body, red.dtype, (Axis(f"{r}.1", ks),), red.reducer)
+    steps: list[Step] = [Split(red.name, r, (ks,)), RFactor(red.name, f"{r}.0"), CacheWrite(rf, "local")]
+    steps += _tiled(cd, rf, rf + ".local", rf_stage.axes, rf_stage, max_threads,
+                    split_k="gemm" if layout else "implicit")
+    # the sum of the parts: per output, in the consumer's thread loop when there is one (one kernel; an output is
+    # computed at root, a kernel of its own before its consumer's)
+    names = {red.name}
+    if cons_stage is None or red.name in cd.outputs:
+        steps += _elementwise(red.name, red.axes, threads) + [Annotate(red.name, part.name, ForKind.UNROLLED)]
+        if cons_stage is not None:
+            names.add(cons_stage.name)
+            steps += _elementwise(cons_stage.name, cons_stage.axes, threads, vector=True)
+        return steps, names
+    names.add(cons_stage.name)
+    ew = _elementwise(cons_stage.name, cons_stage.axes, threads)
+    thr = next(x.iter for x in ew if isinstance(x, Annotate) and x.kind is ForKind.THREAD_X)
+    return steps + ew + [ComputeAt(red.name, cons_stage.name, thr), Annotate(red.name, part.name, ForKind.UNROLLED)], \
+        names
+
+
+def _tiled(cd: ComputeDef, out: str, red: str, axes, red_stage: Stage, max_threads: int,
+           split_k: str = "") -> list[Step]:
+    """Steps of a tiled dot / conv `red` computed in the thread loop of `out` (see the module map); `split_k`: the
+    partial dots of `_split_k` (batch = the K part; "gemm": in the GEMM template's layout, "implicit": another, options
+    "split_k" only; SPLIT_K_TILES unless options "tiles")."""
     *batch, ax_i, ax_j = list(axes)
     k_axes = list(red_stage.reduce_axes)
     K = 1
@@ -533,16 +653,21 @@ def _tiled(cd: ComputeDef, out: str, red: str, axes, red_stage: Stage, max_threa
     for a in batch:
         nb *= a.extent
     pair = _product_of_two_inputs(cd, red_stage)
-    if pair is None and _RNG is None and _OPTS.get("implicit_gemm", True):
+    if pair is None and _RNG is None and _OPTS.get("implicit_gemm", True) and not split_k:
         conv = _implicit_gemm(out, red, red_stage, max_threads)
         if conv is not None:
             return conv
     implicit = (pair is not None and _RNG is None and _OPTS.get("implicit_gemm", True)
-                and not _template_layout(red_stage))
+                and (split_k == "implicit" or not split_k and not _template_layout(red_stage)))
     if implicit:
         pair = None   # register tiles only: the code generator's implicit-GEMM template fetches the shared tiles
-    mma = _tensor_core(ax_i.extent, ax_j.extent, k_axes[-1].extent, nb, max_threads) if pair is not None else 0
-    mr, nr, ti, tj, bk = _tile_sizes(ax_i.extent, ax_j.extent, k_axes[-1].extent, max_threads, nb, implicit, mma > 0)
+    mma = _tensor_core(ax_i.extent, ax_j.extent, k_axes[-1].extent, nb, max_threads) \
+        if pair is not None and (not split_k or "tensor_core" in _OPTS) else 0
+    if split_k and "tiles" not in _OPTS and not mma:
+        mr, nr, ti, tj, bk = SPLIT_K_TILES
+    else:
+        mr, nr, ti, tj, bk = _tile_sizes(ax_i.extent, ax_j.extent, k_axes[-1].extent, max_threads, nb, implicit,
+                                         mma > 0)
     i, j = ax_i.name, ax_j.name
     steps: list[Step] = []
     if pair is not None:
@@ -808,15 +933,24 @@ def _warp_row_reduction(name: str, space: list[str], red: list[str], rn: int, ro
     return steps
 
 
+#: a full reduction of fewer than 4 x THREADS elements from this many on: one block (its threads' partials summed by a
+#: cross-thread reduction) instead of one thread (mlp_train_step's loss, 256 elements: 2.8 us alone on the H200)
+SMALL_REDUCTION_BLOCK = 64
+
+
 def _full_reduction(stage: Stage, threads: int) -> list[Step]:
     name = stage.name
     red = [a.name for a in stage.reduce_axes]
     n = 1
     for a in stage.reduce_axes:
         n *= a.extent
-    if n < 4 * threads:
-        return []  # small: one thread
     steps, r = _fuse_all(name, red)
+    if n < 4 * threads:   # small: one block, a thread per element (or one thread below SMALL_REDUCTION_BLOCK)
+        if n < SMALL_REDUCTION_BLOCK or not SMALL_REDUCTION_BLOCK:
+            return []
+        t = _divisor_at_most(n, threads)
+        return steps + [Split(name, r, (t,)), RFactor(name, f"{r}.1"),
+                        Annotate(name + ".rf", f"{r}.1", ForKind.THREAD_X)]
     t = _divisor_at_most(n, threads)
     per = n // t
     nblocks = _divisor_at_most(per, 264)          # about two blocks per SM of partials
