@@ -412,6 +412,7 @@ def _culib():
     lib.cuGraphLaunch.argtypes = [vp, vp]
     lib.cuGraphDestroy.argtypes = [vp]
     lib.cuGraphExecDestroy.argtypes = [vp]
+    lib.cuStreamDestroy_v2.argtypes = [vp]
     return lib
 
 
@@ -508,6 +509,17 @@ class LaunchProgram:
                     context()
                     rc = fn(*args)
                 _cu_check(rc, "cuLaunchKernel")
+
+    def close(self) -> None:
+        """Destroy the captured graphs and the capture stream (the program can still run, uncaptured keys first)."""
+        cu = _culib()
+        for g in self._graphs.values():
+            cu.cuGraphExecDestroy(g)
+        self._graphs.clear()
+        self._seen.clear()
+        if self._stream is not None:
+            cu.cuStreamDestroy_v2(self._stream)
+            self._stream = None
 
     def _capture(self, key: tuple) -> int | None:
         """A CUDA graph of the launches with the current slot values (None where capture fails: the caller then
@@ -624,8 +636,8 @@ def empty_device(shape, dtype) -> DeviceArray:
 
 
 def to_device(a) -> DeviceArray:
-    """A device copy of a numpy array (synchronous)."""
-    arr = np.ascontiguousarray(a)
+    """A device copy of a numpy array (synchronous; a 0-d array stays 0-d)."""
+    arr = np.asarray(a, order="C")
     out = empty_device(arr.shape, arr.dtype)
     if arr.nbytes:
         _drv().memcpy_htod(out.ptr, arr)

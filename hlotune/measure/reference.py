@@ -93,7 +93,7 @@ def draw_inputs(cd: ComputeDef, seed: int = 0, key: str = "") -> list[np.ndarray
             x = rng.random(b.shape) < 0.5
         else:
             x = rng.integers(0, 8, b.shape).astype(dt.np)
-        out.append(np.ascontiguousarray(x))
+        out.append(np.asarray(x, order="C"))   # (ascontiguousarray makes 0-d arrays 1-d)
     return out
 
 
@@ -155,8 +155,8 @@ def poison(ref: np.ndarray) -> np.ndarray:
     if ref.dtype.kind == "f":
         return np.where(np.isnan(ref), np.asarray(1.0, ref.dtype), np.asarray(np.nan, ref.dtype)).astype(ref.dtype)
     if ref.dtype.kind == "b":
-        return np.ascontiguousarray(~ref)
-    return np.ascontiguousarray(ref ^ np.asarray(1, ref.dtype))
+        return np.asarray(~ref, order="C")
+    return np.asarray(ref ^ np.asarray(1, ref.dtype), order="C")
 
 
 def compare(out: np.ndarray, ref: np.ndarray, rtol: float, atol: float, name: str = "output") -> str | None:

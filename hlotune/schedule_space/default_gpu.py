@@ -577,7 +577,7 @@ def _tile_sizes(I: int, J: int, K: int, max_threads: int, batch: int = 1,
 #: docs/gpu.md "Session 11"): mlp_train_step's forward dot 256 x 256 x 784 with bias + ReLU 14.4 -> 8.0 us (7 parts, 224
 #: blocks; 8x4 tiles 8.6, 3xTF32 7.9), its weight gradient (TN, 784 x 256 x 256, SGD update) 11.8 -> 8.0 us (4 parts),
 #: mlp2's first layer 15.0 -> 10.8 us, a 256^3 matmul 5.3 -> 4.1 us; mlp_train_step 56.1 -> 43.5 us with the two changes
-#: below.  Not in the GPU search space (sketch_gpu) yet: the tuner reaches it through the default schedule only
+#: below.  The GPU search space has it too (sketch_gpu's "splitk" kernels: the parts a knob beside the tiles)
 SPLIT_K = True
 SPLIT_K_TILES = (4, 4, 4, 32, 16)
 SPLIT_K_MIN_K = 256

@@ -22,6 +22,9 @@ Sketch rules, visited from the last stage to the first (as on the CPU):
                 else cache_write to a local stage; with two plain input operands, two variants: shared-memory
                 cache_read of both operands at each bk step with cooperative fetching by all threads of the block
                 (`vec` consecutive elements per thread), or direct reads
+  split_k       a dot of two plain inputs (K >= SPLIT_K_MIN_K) as partial dots over `parts` slices of K (rfactor;
+                the partials a batch of the tiling above with shared operands), then their sum: in the elementwise
+                consumer's thread loop (`split_k_fuse`) or a kernel of its own (`split_k`: the dot alone or an output)
   cross_thread  a reduction with space axes and at least 32 reduced points: one block per output point, the
                 reduction split over `threads` threads (rfactor; the codegen combines the partials with warp
                 shuffles), the per-thread serial part optionally unrolled
@@ -38,8 +41,8 @@ Not yet: a vthread level (the codegen runs VTHREAD loops as unrolled serial loop
 a compute_at region that is not an interval), real vector (float4) loads in the cooperative fetch (`vec` > 1 is
 an unrolled loop of consecutive elements per thread).
 
-Mutations (`MUTATION_GROUPS`): tile size (a register-tile factor or the reduction block; or moving a factor
-between the register and thread levels of one axis), thread binding (threads per block, the thread grid of a
+Mutations (`MUTATION_GROUPS`): tile size (a register-tile factor, the reduction block or the parts of K; or moving a
+factor between the register and thread levels of one axis), thread binding (threads per block, the thread grid of a
 tile, elements per thread, blocks of partials), unroll (pragma, unrolled inner loops), fetch vector width,
 tensor cores (the `mma` knob).
 """
@@ -54,7 +57,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import ScheduleError
-from ..ir.expr import ComputeDef, Stage
+from ..ir.expr import Axis, ComputeDef, Stage
 from ..target import Target
 from .default_gpu import (
     _consumers,
@@ -95,6 +98,7 @@ MAX_SKETCHES = 8
 
 KNOBS: dict[str, tuple[str, ...]] = {
     "tiled": ("mr", "nr", "ti", "tj", "bk", "vec", "kunroll", "unroll", "mma"),
+    "splitk": ("parts", "mr", "nr", "ti", "tj", "bk", "vec", "kunroll", "unroll"),
     "row": ("threads", "userial", "unroll"),
     "serial": ("threads", "per", "unroll"),
     "elementwise": ("threads", "per", "unroll"),
@@ -103,6 +107,7 @@ KNOBS: dict[str, tuple[str, ...]] = {
 }
 SHAPE_KNOBS: dict[str, tuple[str, ...]] = {
     "tiled": ("mr", "nr", "ti", "tj", "bk"),
+    "splitk": ("parts", "mr", "nr", "ti", "tj", "bk"),
     "row": ("threads",),
     "serial": ("threads", "per"),
     "elementwise": ("threads", "per"),
@@ -111,7 +116,7 @@ SHAPE_KNOBS: dict[str, tuple[str, ...]] = {
 }
 #: mutation groups: (name, knobs, weight)
 MUTATION_GROUPS = (
-    ("tile_size", ("mr", "nr", "bk"), 0.45),
+    ("tile_size", ("mr", "nr", "bk", "parts"), 0.45),
     ("thread_binding", ("ti", "tj", "threads", "per", "blocks"), 0.3),
     ("unroll", ("unroll", "kunroll", "userial"), 0.15),
     ("vector", ("vec",), 0.1),
@@ -122,6 +127,11 @@ MUTATION_GROUPS = (
 #: MR even, NR = 8, BK a multiple of 16, float32)
 MMA_CHOICES = (0, 3)
 TRIES = 8
+#: split K (`splitk` kernels, the default's `default_gpu._split_k` as a sketch): parts of K from 2 to SPLIT_K_MAX_PARTS
+#: whose slice is a multiple of 4 and at least SPLIT_K_MIN_SLICE, for dots of two plain inputs with K >= SPLIT_K_MIN_K
+SPLIT_K_MAX_PARTS = 16
+SPLIT_K_MIN_SLICE = 16
+SPLIT_K_MIN_K = 64
 
 
 @dataclass(frozen=True)
@@ -195,9 +205,10 @@ def _kernel_options(cd: ComputeDef, stage: Stage, cons, inlined: set[str], done:
     prod = _fusable_producer(cd, stage, cons, inlined)
     if prod is not None:
         done.add(prod.name)
-        return _tiled_options(cd, stage.name, prod.name, stage.axes, prod, False)
+        return _tiled_options(cd, stage.name, prod.name, stage.axes, prod, False) + _splitk_options(cd, stage, prod)
     if _is_tiled_reduction(stage):
-        return _tiled_options(cd, stage.name, stage.name + ".local", stage.axes, stage, True)
+        return _tiled_options(cd, stage.name, stage.name + ".local", stage.axes, stage, True) + \
+            _splitk_options(cd, None, stage)
     if stage.is_reduction:
         rn = _prod(a.extent for a in stage.reduce_axes)
         if not stage.axes:
@@ -223,6 +234,22 @@ def _tiled_options(cd, out, red, axes, red_stage, cw) -> list[Kernel]:
     if _product_of_two_inputs(cd, red_stage) is not None:
         return [Kernel("tiled", out, red, True, cw, sizes), plain]
     return [plain]
+
+
+def _split_parts(K: int) -> list[int]:
+    return [p for p in range(2, SPLIT_K_MAX_PARTS + 1)
+            if K % p == 0 and (K // p) % 4 == 0 and K // p >= SPLIT_K_MIN_SLICE]
+
+
+def _splitk_options(cd: ComputeDef, cons: Stage | None, red: Stage) -> list[Kernel]:
+    """A split-K kernel of dot `red` (with its elementwise consumer `cons`, or alone), where it applies."""
+    if (_product_of_two_inputs(cd, red) is None or len(red.reduce_axes) != 1 or len(red.axes) != 2
+            or red.reduce_axes[0].extent < SPLIT_K_MIN_K or not _split_parts(red.reduce_axes[0].extent)):
+        return []
+    elem = max((_elem_size(b.dtype) for b in cd.inputs), default=4)
+    ax_i, ax_j = red.axes
+    sizes = (("I", ax_i.extent), ("J", ax_j.extent), ("K", red.reduce_axes[0].extent), ("elem", elem))
+    return [Kernel("splitk", cons.name if cons is not None else red.name, red.name, True, cons is None, sizes)]
 
 
 def _plan(cd: ComputeDef) -> tuple[list[str], list[list[Kernel]]]:
@@ -265,6 +292,13 @@ def _row_threads(rn: int, maxthr: int) -> list[int]:
 @lru_cache(maxsize=4096)
 def _shape_points(k: Kernel, maxthr: int, smem: int) -> tuple[tuple[int, ...], ...]:
     """Every legal assignment of the kernel's shape knobs (SHAPE_KNOBS order)."""
+    if k.kind == "splitk":
+        out = []
+        for p in _split_parts(k.size("K")):
+            part = Kernel("tiled", k.stage, k.red, True, k.cache_write,
+                          tuple((n, v // p if n == "K" else v) for n, v in k.sizes))
+            out += [(p, *x) for x in _shape_points(part, maxthr, smem)]
+        return tuple(out)
     if k.kind == "tiled":
         I, J, K, elem = k.size("I"), k.size("J"), k.size("K"), k.size("elem")
         out = []
@@ -338,12 +372,46 @@ def _tiled_steps(cd: ComputeDef, k: Kernel, d: dict) -> list[Step]:
     out, red = k.stage, k.red
     base = cd.stage(out)
     red_stage = base if k.cache_write else cd.stage(red)
-    *batch, ax_i, ax_j = list(base.axes)
-    k_axes = list(red_stage.reduce_axes)
-    mr, nr, ti, tj, bk = d["mr"], d["nr"], d["ti"], d["tj"], d["bk"]
-    i, j = ax_i.name, ax_j.name
     steps: list[Step] = [CacheWrite(out, "local")] if k.cache_write else []
     pair = _product_of_two_inputs(cd, red_stage) if k.shared else None
+    return steps + _tile_nest(cd, out, red, list(base.axes), list(red_stage.reduce_axes), pair, d)
+
+
+def _splitk_steps(cd: ComputeDef, k: Kernel, d: dict) -> list[Step]:
+    """The partial dots over d["parts"] slices of K (rfactor: stage <red>.rf, a batch of tiled dots), then their sum:
+    in the consumer's thread loop (one kernel), or alone (`k.cache_write`: an output, or no elementwise consumer)."""
+    red = cd.stage(k.red)
+    (ax_i, ax_j), r = red.axes, red.reduce_axes[0]
+    parts = d["parts"]
+    rf, kn = f"{red.name}.rf", r.name
+    steps: list[Step] = [Split(red.name, kn, (r.extent // parts,)), RFactor(red.name, f"{kn}.0"),
+                         CacheWrite(rf, "local")]
+    steps += _tile_nest(cd, rf, rf + ".local", [Axis(f"{kn}.0", parts), ax_i, ax_j],
+                        [Axis(f"{kn}.1", r.extent // parts)], _product_of_two_inputs(cd, red), d)
+    if k.cache_write:   # the dot alone (an output, or no elementwise consumer)
+        return steps + _sum_kernel(red.name, [ax_i.name, ax_j.name], red.axes) + \
+            [Annotate(red.name, f"{kn}.0", ForKind.UNROLLED)]
+    cons = cd.stage(k.stage)
+    steps += _sum_kernel(k.stage, [a.name for a in cons.axes], cons.axes)
+    return steps + [ComputeAt(red.name, k.stage, f"{'@'.join(a.name for a in cons.axes)}.1"),
+                    Annotate(red.name, f"{kn}.0", ForKind.UNROLLED)]
+
+
+def _sum_kernel(name: str, iters: list[str], axes) -> list[Step]:
+    """blockIdx.x / threadIdx.x (256 threads or fewer) over all of a stage's fused space axes."""
+    fs, f = _fuse_all(name, iters)
+    t = max(x for x in _divs(_prod(a.extent for a in axes), 256))
+    return fs + [Split(name, f, (t,)), Annotate(name, f"{f}.0", ForKind.BLOCK_X),
+                 Annotate(name, f"{f}.1", ForKind.THREAD_X)]
+
+
+def _tile_nest(cd: ComputeDef, out: str, red: str, axes: list, k_axes: list, pair, d: dict) -> list[Step]:
+    """Multi-level tiling of `out` over `axes` (batch..., i, j) with `red` computed at its thread level over `k_axes`,
+    shared-memory tiles of `pair`'s operands (None: direct reads)."""
+    *batch, ax_i, ax_j = axes
+    mr, nr, ti, tj, bk = d["mr"], d["nr"], d["ti"], d["tj"], d["bk"]
+    i, j = ax_i.name, ax_j.name
+    steps: list[Step] = []
     if pair is not None:
         steps += [CacheRead(pair[0], "shared", (red,)), CacheRead(pair[1], "shared", (red,))]
     steps += [Split(out, i, (ti, mr)), Split(out, j, (tj, nr))]
@@ -430,7 +498,7 @@ def _full_steps(cd: ComputeDef, k: Kernel, d: dict) -> list[Step]:
     return steps + _pragma(rf, f"{p}.0", d["unroll"])
 
 
-_STEPS = {"tiled": _tiled_steps, "row": _row_steps, "serial": _elementwise_steps,
+_STEPS = {"tiled": _tiled_steps, "splitk": _splitk_steps, "row": _row_steps, "serial": _elementwise_steps,
           "elementwise": _elementwise_steps, "full": _full_steps, "single": lambda cd, k, d: []}
 
 
@@ -510,8 +578,9 @@ def _knob_alternatives(sketch: GpuSketch, k: Kernel, cur: tuple, knob: str) -> l
         cs = tuple(d[x] for x in shape)
         q = shape.index(knob)
         alts = [p for p in pts if p[q] != cs[q] and all(p[m] == cs[m] for m in range(len(shape)) if m != q)]
-        if k.kind == "tiled" and knob in ("mr", "nr", "ti", "tj"):
-            a, b = (0, 2) if knob in ("mr", "ti") else (1, 3)
+        if k.kind in ("tiled", "splitk") and knob in ("mr", "nr", "ti", "tj"):
+            a, b = (shape.index("mr"), shape.index("ti")) if knob in ("mr", "ti") else \
+                (shape.index("nr"), shape.index("tj"))
             alts += [p for p in pts if p[a] * p[b] == cs[a] * cs[b] and p[a] != cs[a]
                      and all(p[m] == cs[m] for m in range(len(shape)) if m not in (a, b))]
         out = []
@@ -579,6 +648,8 @@ def _default_point(sketch: GpuSketch, k: Kernel) -> tuple[int, ...] | None:
     from .default_gpu import _WARP_ROW_TILES, SMS, THREADS, _divisor_at_most, _pow2_at_most
 
     d: dict[str, int] = {"unroll": 0, "vec": 1, "kunroll": 1, "userial": 0, "mma": 0}
+    if k.kind == "splitk":     # not the default's structure (the default sketch itself splits where it does)
+        return None
     if k.kind == "tiled":
         I, J, K = k.size("I"), k.size("J"), k.size("K")
         fits = [t for t in _WARP_ROW_TILES if I % (t[0] * t[2]) == 0 and J % (t[1] * t[3]) == 0]
@@ -636,6 +707,8 @@ def _sketch_id(rules: tuple[str, ...]) -> str:
 def _rule_name(k: Kernel) -> str:
     if k.kind == "tiled":
         return f"{k.stage}:tile{'_cache_write' if k.cache_write else '_fuse'}{'_shared' if k.shared else ''}"
+    if k.kind == "splitk":
+        return f"{k.stage}:split_k{'' if k.cache_write else '_fuse'}"
     return f"{k.stage}:{ {'row': 'cross_thread'}.get(k.kind, k.kind)}"
 
 

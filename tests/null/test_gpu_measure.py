@@ -95,3 +95,35 @@ def test_cross_thread_combine_is_not_used_under_an_if():
         k = For(b, Const(0, IX), Const(4, IX), ForKind.BLOCK_X, Allocate("s", F32, (64,), "shared", body))
         f = LoopFunc("k", (BufferDecl("x", (4, 64), F32),), (BufferDecl("y", (4,), F32),), k)
         assert ("__shfl_down_sync" in generate_cuda(f).text) is want
+
+
+def test_scalar_buffers_stay_zero_dimensional():
+    """A 0-d output (mlp_train_step's loss) or input keeps its shape through the measurement's poison, drawn inputs
+    and expected outputs: `np.ascontiguousarray` made them 1-d and every GPU candidate of such a subgraph was a wrong
+    answer ("shape (1,), expected ()"; session 11, found by a tune on the H200)."""
+    import numpy as np
+
+    from hlotune.measure.reference import compare, draw_inputs, make_task_data, poison
+    from hlotune.schedule_space.task import tasks_from_subgraphs
+
+    for ref in (np.array(2.5, np.float32), np.array(True), np.array(3, np.int32)):
+        p = poison(ref)
+        assert p.shape == () and p.dtype == ref.dtype and compare(p, ref, 0, 0) is not None
+    hlo = """HloModule s
+add {
+  x = f32[] parameter(0)
+  y = f32[] parameter(1)
+  ROOT s = f32[] add(x, y)
+}
+ENTRY main {
+  a = f32[256] parameter(0)
+  b = f32[] parameter(1)
+  zero = f32[] constant(0)
+  r = f32[] reduce(a, zero), dimensions={0}, to_apply=add
+  ROOT n = f32[] multiply(r, b)
+}
+"""
+    (task,) = tasks_from_subgraphs(hlotune.load_model(hlo).frontend.subgraphs, GPU)
+    assert [x.shape for x in draw_inputs(task.compute)] == [(256,), ()]
+    data = make_task_data(task)
+    assert [x.shape for x in data.expected] == [()] and poison(data.expected[0]).shape == ()

@@ -162,3 +162,38 @@ ENTRY main {
         assert _check_loop_nest(hlo, {}).launches[0].block == (1, 1, 1)
     finally:
         dg.SMALL_REDUCTION_BLOCK = 64
+
+
+def test_split_k_sketch_points_compute_the_algorithm():
+    """The GPU search space has split K too (`sketch_gpu` kernel kind "splitk": parts of K a knob beside the tiles):
+    sampled, mutated and crossed-over points match the algorithm, generate CUDA on the templates, and their fast
+    features equal the exact path's."""
+    import random
+
+    from hlotune.cost_model.fast_features import batch_features
+    from hlotune.cost_model.features import features_of_func
+    from hlotune.schedule_space.sketch_gpu import GpuSketch, generate_gpu_sketches
+    from hlotune.schedule_space.task import tasks_from_subgraphs
+    from hlotune.search.space import crossover, mutate
+    from tests.null.test_sketch_gpu import GPU, _check
+
+    small_tn = TN.replace("f32[64,96]", "f32[64,16]").replace("f32[64,128]", "f32[64,32]").replace(
+        "f32[96,128]", "f32[16,32]")
+    seen = set()
+    for hlo in (_dot(16, 64, 32, False), _dot(16, 64, 32, True), small_tn):
+        for t in tasks_from_subgraphs(hlotune.load_model(hlo).frontend.subgraphs, GPU):
+            for sk in generate_gpu_sketches(t, GPU):
+                if not isinstance(sk, GpuSketch) or not any(k.kind == "splitk" for k in sk.kernels):
+                    continue
+                seen.add(sk.rules[-1].split(":")[1])
+                pts = sk.sample(t, random.Random(1), 3)
+                assert len(pts) == 3
+                kids = [mutate(sk, s, random.Random(k)) for k, s in enumerate(pts)]
+                kids.append(crossover(sk, pts[0], pts[1], random.Random(0)))
+                for s in pts + [c for c in kids if c is not None]:
+                    src = _check(t, s.steps, str(sk.rules))
+                    assert any(isinstance(x, RFactor) for x in s.steps) and "template" in src.text
+                fast = batch_features(t.compute, pts, t.key)
+                for s, f in zip(pts, fast):
+                    np.testing.assert_allclose(f, features_of_func(lower(t.compute, s.steps, name="k")))
+    assert seen == {"split_k", "split_k_fuse"}
