@@ -128,21 +128,19 @@ def measure_gpu_kernel(kernel, data: TaskData, dev_inputs: list, timing: TimingC
             raise _InputsWritten(b.name)
     prog = _graph_program(kernel, ptrs, GRAPH_LAUNCHES) if 0 < GRAPH_LAUNCHES and first < GRAPH_MAX_CALL_S else None
     unit = GRAPH_LAUNCHES if prog is not None else 1
-    if prog is not None:
-        def run() -> None:   # noqa: F811 (timed: the graph of GRAPH_LAUNCHES launches)
-            prog.run(("measure",))
+    timed = run if prog is None else (lambda: prog.run(("measure",)))   # one call, or one replay of the graph
     # warm-up by wall time, then the number of replays per repeat from the warm-up's rate
     calls, t0 = 0, time.perf_counter()
     while calls == 0 or time.perf_counter() - t0 < timing.warmup_ms * 1e-3:
-        run()
+        timed()
         calls += 1
         if calls % 16 == 0:
             synchronize()
     synchronize()
     per_call = max((time.perf_counter() - t0) / calls, 1e-7) if calls > 1 else max(first, 1e-7)
-    per_call = min(per_call, _events_per_call(run, 1))
+    per_call = min(per_call, _events_per_call(timed, 1))
     number = max(1, min(100000, math.ceil(timing.min_repeat_ms * 1e-3 / per_call)))
-    costs = tuple(_events_per_call(run, number) / unit for _ in range(max(1, timing.repeats)))
+    costs = tuple(_events_per_call(timed, number) / unit for _ in range(max(1, timing.repeats)))
     if prog is not None:
         prog.close()
     return ErrorKind.NONE, "", costs
