@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 
 from ..ir.expr import Axis, Binary, ComputeDef, Load, Stage, Unary, walk
-from ..ir.hlo import Op
+from ..ir.hlo import DType, Op
 from ..target import Target, cuda_shared_limit
 from .default import _consumers, _contiguous_in, _divisor_at_most, _reads_same_point
 from .loop_ir import ForKind
@@ -608,8 +608,8 @@ def _split_k(cd: ComputeDef, red: Stage, cons_stage: Stage | None, threads: int,
     """Steps of a split-K dot `red` (see SPLIT_K) and of its elementwise consumer `cons_stage` (None: `red` is
     scheduled alone), and the stages they schedule; None where the dot does not take it."""
     layout = _template_layout(red)
-    if _product_of_two_inputs(cd, red) is None or len(red.reduce_axes) != 1:
-        return None
+    if _product_of_two_inputs(cd, red) is None or len(red.reduce_axes) != 1 or red.dtype is not DType.F32:
+        return None     # (float32 only: partial sums of a bf16 / f16 dot would be rounded to it)
     *batch, ax_i, ax_j = red.axes
     k_ax = red.reduce_axes[0]
     parts = _split_k_parts(ax_i.extent, ax_j.extent, k_ax.extent, math.prod(a.extent for a in batch))

@@ -58,6 +58,7 @@ from functools import lru_cache
 
 from ..errors import ScheduleError
 from ..ir.expr import Axis, ComputeDef, Stage
+from ..ir.hlo import DType
 from ..target import Target
 from .default_gpu import (
     _consumers,
@@ -244,6 +245,7 @@ def _split_parts(K: int) -> list[int]:
 def _splitk_options(cd: ComputeDef, cons: Stage | None, red: Stage) -> list[Kernel]:
     """A split-K kernel of dot `red` (with its elementwise consumer `cons`, or alone), where it applies."""
     if (_product_of_two_inputs(cd, red) is None or len(red.reduce_axes) != 1 or len(red.axes) != 2
+            or red.dtype is not DType.F32
             or red.reduce_axes[0].extent < SPLIT_K_MIN_K or not _split_parts(red.reduce_axes[0].extent)):
         return []
     elem = max((_elem_size(b.dtype) for b in cd.inputs), default=4)

@@ -197,3 +197,15 @@ def test_split_k_sketch_points_compute_the_algorithm():
                 for s, f in zip(pts, fast):
                     np.testing.assert_allclose(f, features_of_func(lower(t.compute, s.steps, name="k")))
     assert seen == {"split_k", "split_k_fuse"}
+
+
+def test_split_k_is_float32_only():
+    """Partial sums of a bf16 dot would be rounded to bf16: no split K there, by default or in the sketches."""
+    from hlotune.schedule_space.sketch_gpu import generate_gpu_sketches
+    from tests.null.test_sketch_gpu import GPU
+
+    hlo = _dot(256, 1024, 256, False)
+    assert _splits(default_gpu_schedule(hlotune.load_model(hlo).frontend.subgraphs[0].workload.compute))
+    bf = hlotune.load_model(hlo.replace("f32[", "bf16[")).frontend.subgraphs[0].workload.compute
+    assert not _splits(default_gpu_schedule(bf))
+    assert not any(k.kind == "splitk" for sk in generate_gpu_sketches(bf, GPU, default=False) for k in sk.kernels)
