@@ -163,8 +163,8 @@ def _schedule(cd: ComputeDef, max_threads: int, threads: int) -> list[Step]:
         elif prod is not None:
             done.add(prod.name)
             steps += _tiled(cd, stage.name, prod.name, stage.axes, prod, max_threads)
-        elif _skinny_dot(stage) and _column_dot(stage) is not None:
-            steps += _column_dot(stage)
+        elif _skinny_dot(stage) and (col := _column_dot(stage)) is not None:
+            steps += col
         elif _skinny_dot(stage):
             red = [a.name for a in stage.reduce_axes]
             steps += _warp_row_reduction(stage.name, [a.name for a in stage.axes], red,
