@@ -484,7 +484,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="policies to tune in this run (the others' finished runs in --out are kept)")
     ap.add_argument("--pretrain", default=None, metavar="DB",
                     help="start the evolutionary runs from a cost model trained on DB minus every compared "
-                         "subgraph's workload (<out>/pretrained.json); default: a fresh (cold) model")
+                         "subgraph's workload (<out>/pretrained.json); 'auto': the model shipped with hlotune (which "
+                         "has seen these workloads: for finding good schedules, not for comparing policies); "
+                         "default: a fresh (cold) model")
     ap.add_argument("--hold-out", nargs="*", default=[], metavar="LABEL",
                     help="with --pretrain: also leave these subgraphs' workloads out of the pretraining (a run of some "
                          "of the subgraphs with the model of a run of all of them)")
@@ -504,8 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         target = Target.host_cpu()
         chosen = [s for s in SUBGRAPHS if a.subgraphs is None or s[0] in a.subgraphs]
         subs = [(label, load_subgraph(m, k, n)) for label, m, k, n, _ in chosen]
-        a.cost_model = "none"
-        if a.pretrain:
+        a.cost_model = "auto" if a.pretrain == "auto" else "none"
+        if a.pretrain and a.pretrain != "auto":
             extra = [load_subgraph(m, k, n).workload.key for label, m, k, n, _ in SUBGRAPHS if label in a.hold_out]
             a.cost_model = pretrain(a.pretrain, [sg.workload.key for _, sg in subs] + extra, out)
             state.setdefault("settings", {})["pretrain"] = a.pretrain

@@ -44,7 +44,7 @@ from functools import cache, lru_cache
 import numpy as np
 
 from ..errors import ScheduleError
-from .default import PARALLEL_MIN_WORK
+from .default import PARALLEL_MIN_WORK, transposed_pack
 from .loop_ir import ForKind
 from .sketch import MAX_LANES, UNROLL_CHOICES, PackChoice, Sketch, TileHole
 from .state import SplitRel, StageState, State, _buffer_info, apply, consumers, propagate, remember, replay
@@ -56,7 +56,6 @@ from .steps import (
     Fuse,
     Pack,
     Pragma,
-    Reorder,
     Schedule,
     Split,
     step_to_json,
@@ -307,9 +306,9 @@ def _pack_steps(state: State, pc: PackChoice, f: int) -> list:
         outer = axes[:-1]
     else:
         kax = f"ax{pc.outer_pos + 1}"
-        order = [a for a in axes if a not in (kax, inner)] + [inner, kax]
-        steps.append(Reorder(pc.name, tuple(order)))
-        outer = order[:-2]
+        k_dim = [d for d in range(len(shape)) if d != pc.axis][pc.outer_pos]
+        more, outer = transposed_pack(pc.name, axes, kax, shape[k_dim])
+        steps += more
     if outer and math.prod(shape) >= PARALLEL_MIN_WORK:
         if len(outer) > 1:
             steps.append(Fuse(pc.name, tuple(outer)))

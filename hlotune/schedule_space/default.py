@@ -71,6 +71,11 @@ PACK_MIN_ROWS = 16
 PANEL_N = 128
 PANEL_BYTES = 1 << 20
 PANEL_TASKS_PER_CORE = 4
+#: a transposed B (contiguous along k) is packed in blocks of this many k values: each block reads nr rows of
+#: PACK_KB floats and writes PACK_KB contiguous rows of nr floats.  Measured (attention dot of transformer_block,
+#: [32,128,512] x [32,128,512]^T, nr = 32): copying whole rows of k wrote a 64 KB panel 4 bytes per line 32 times
+#: over (more than L1), 3.6 ms for the dot; in blocks of 16, 2.6 ms
+PACK_KB = 16
 #: largest row tile and k block the search tries in the column-panel GEMM sketch (`gemm_sketch`)
 GEMM_MAX_ROWS = 256
 GEMM_MAX_KC = 512
@@ -532,7 +537,7 @@ def _gemm(cd: ComputeDef, out: str, red: str, red_stage: Stage, target: Target, 
         rest = [d for d in range(len(load.indices)) if d != p]
         steps.append(Pack(load.buffer, (red,), p, nr, rest.index(q)))
         pk = _fresh_name(names, f"{load.buffer}.pack")
-        steps += _pack_schedule(pk, load, p, q, rest.index(q), plan,
+        steps += _pack_schedule(pk, load, p, q, rest.index(q), plan, _buffer_shape(cd, load.buffer)[q],
                                 not panel and _buffer_elems(cd, load.buffer) >= PARALLEL_MIN_WORK)
     holes = holes and bool(panel)
     if panel:
@@ -584,15 +589,20 @@ def _panel_tiles(out: str, red: str, pk: str, red_stage: Stage, load: Load, plan
 
 
 def _buffer_elems(cd: ComputeDef, name: str) -> int:
+    return math.prod(_buffer_shape(cd, name))
+
+
+def _buffer_shape(cd: ComputeDef, name: str) -> tuple[int, ...]:
     for b in cd.inputs:
         if b.name == name:
-            return math.prod(b.shape)
-    return math.prod(cd.stage(name).shape)
+            return tuple(b.shape)
+    return tuple(cd.stage(name).shape)
 
 
-def _pack_schedule(pk: str, load: Load, p: int, q: int, outer_pos: int, plan: _Gemm, par: bool) -> list[Step]:
+def _pack_schedule(pk: str, load: Load, p: int, q: int, outer_pos: int, plan: _Gemm, k_extent: int,
+                   par: bool) -> list[Step]:
     """The pack stage [.., j/nr, .., k, j%nr]: vectorized along j%nr when B is contiguous along j
-    (p last), else the copy reads along k (B transposed: k contiguous) and lets LLVM vectorize."""
+    (p last), else the copy reads along k (B transposed: k contiguous) in blocks (`transposed_pack`)."""
     nd = len(load.indices) + 1
     axes = [f"ax{d}" for d in range(nd)]
     inner = axes[-1]
@@ -602,15 +612,27 @@ def _pack_schedule(pk: str, load: Load, p: int, q: int, outer_pos: int, plan: _G
         outer = axes[:-1]
     else:
         kax = _packed_axis(len(load.indices), p, q, outer_pos)
-        order = [a for a in axes if a not in (kax, inner)] + [inner, kax]
-        steps.append(Reorder(pk, tuple(order)))
-        outer = order[:-2]
+        more, outer = transposed_pack(pk, axes, kax, k_extent)
+        steps += more
     if par and outer:
         if len(outer) > 1:
             steps += [Fuse(pk, tuple(outer)), Annotate(pk, "@".join(outer), ForKind.PARALLEL)]
         else:
             steps.append(Annotate(pk, outer[0], ForKind.PARALLEL))
     return steps
+
+
+def transposed_pack(pk: str, axes: list[str], kax: str, k_extent: int) -> tuple[list[Step], list[str]]:
+    """Loops of a packed copy [.., k, j%nr] of a B contiguous along k: the k axis split into blocks of PACK_KB
+    (a divisor of its extent; whole rows when none of 4 or more divides it), the copy ordered (.., k block, j%nr,
+    k in block) so that the reads run along k and the writes of a block stay within a few lines.  Returns the
+    steps and the loops outside the k block (the ones a caller may parallelize)."""
+    inner = axes[-1]
+    rest = [a for a in axes if a not in (kax, inner)]
+    kb = _divisor_at_most(k_extent, PACK_KB)
+    if kb < 4 or kb == k_extent:
+        return [Reorder(pk, tuple(rest + [inner, kax]))], rest
+    return [Split(pk, kax, (kb,)), Reorder(pk, tuple(rest + [f"{kax}.0", inner, f"{kax}.1"]))], rest
 
 
 def _packed_axis(nd: int, p: int, q: int, outer_pos: int) -> str:

@@ -162,3 +162,38 @@ def test_pack_then_cache_write():
     steps = [Pack("B", ("C",), 1, 4, 0), CacheWrite("C", "local"), Split("C", "i", (2,)),
              ComputeAt("C.local", "C", "i.0")]
     _run(cd, steps)
+
+
+def _host512():
+    import dataclasses
+
+    from hlotune.target import Target
+
+    return dataclasses.replace(Target.host_cpu(), vector_bits=512)
+
+
+def test_default_packs_a_transposed_b_in_k_blocks():
+    """B contiguous along k (as K in Q K^T): the default's packed copy reads k in blocks of PACK_KB, written
+    [j/nr, k, j%nr] one block of k rows at a time, and the nest computes the dot."""
+    from hlotune.schedule_space.default import PACK_KB, default_schedule
+
+    cd = _dot(16, 32, 48, b_transposed=True, batch=2)
+    steps = default_schedule(cd, _host512())
+    (pack,) = [s for s in steps if isinstance(s, Pack)]
+    name = f"{pack.stage}.pack"
+    (split,) = [s for s in steps if isinstance(s, Split) and s.stage == name]
+    assert split.factors == (PACK_KB,)
+    (order,) = [s for s in steps if isinstance(s, Reorder) and s.stage == name]
+    assert order.order[-3:] == (f"{split.iter}.0", "ax3", f"{split.iter}.1")
+    _run(cd, steps)
+
+
+@pytest.mark.parametrize("k, blocked", [(48, True), (7, False), (34, False), (16, False)])
+def test_transposed_pack_blocks_only_by_a_divisor_of_four_or_more(k, blocked):
+    from hlotune.schedule_space.default import transposed_pack
+
+    axes = ["ax0", "ax1", "ax2", "ax3"]
+    steps, outer = transposed_pack("B.pack", axes, "ax2", k)
+    assert outer == ["ax0", "ax1"]
+    assert isinstance(steps[0], Split) == blocked
+    assert steps[-1].order[-1] == ("ax2.1" if blocked else "ax2")
