@@ -5,7 +5,8 @@ Map:
   _tiled_pair(O, D, ...)        dot / conv: register-tiled reduction D computed at a tile of its
                                 elementwise consumer O (or of its own cache_write copy)
   _gemm / _gemm_plan            the packed, register-tiled GEMM form of such a pair; `_panel_tiles`: its
-                                column-panel plan (each parallel task packs the B panel it reads)
+                                column-panel plan (each parallel task packs the B panel it reads);
+                                `transposed_pack`: the loops of a packed copy of a B contiguous along k
   gemm_sketch(cd, target)       the default with the column-panel GEMM's row tile and k block as holes, a
                                 sketch template for the search
   _reduction(R, ...)            row reductions vectorized through rfactor; column reductions
@@ -74,7 +75,7 @@ PANEL_TASKS_PER_CORE = 4
 #: a transposed B (contiguous along k) is packed in blocks of this many k values: each block reads nr rows of
 #: PACK_KB floats and writes PACK_KB contiguous rows of nr floats.  Measured (attention dot of transformer_block,
 #: [32,128,512] x [32,128,512]^T, nr = 32): copying whole rows of k wrote a 64 KB panel 4 bytes per line 32 times
-#: over (more than L1), 3.6 ms for the dot; in blocks of 16, 2.6 ms
+#: over (more than L1), 3.6 ms for the dot; in blocks of 16, 2.1 ms
 PACK_KB = 16
 #: largest row tile and k block the search tries in the column-panel GEMM sketch (`gemm_sketch`)
 GEMM_MAX_ROWS = 256
