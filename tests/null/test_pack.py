@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hlotune.errors import ScheduleError
-from hlotune.ir.expr import Axis, Binary, Buffer, ComputeDef, Const, Load, Reducer, Stage
+from hlotune.ir.expr import Axis, Binary, Buffer, ComputeDef, Const, Load, Reducer, Stage, walk
 from hlotune.ir.hlo import DType, Op
 from hlotune.schedule_space.loop_eval import evaluate_loop_func
 from hlotune.schedule_space.loop_ir import ForKind
@@ -53,8 +53,10 @@ def _relu_of(cd: ComputeDef) -> ComputeDef:
 
 
 def _ref(cd: ComputeDef, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    bt = b if cd.inputs[1].shape[-2:] == (a.shape[-1], cd.stages[0].shape[-1]) else np.swapaxes(b, -1, -2)
-    return a @ bt
+    """A @ B, with B read as transposed when the dot indexes it [.., j, r] (`_dot(b_transposed=True)`)."""
+    load_b = next(e for e in walk(cd.stages[0].body) if isinstance(e, Load) and e.buffer == "B")
+    transposed = getattr(load_b.indices[-1], "name", None) == "r"
+    return a @ (np.swapaxes(b, -1, -2) if transposed else b)
 
 
 def _run(cd: ComputeDef, steps, seed: int = 0) -> None:
