@@ -256,7 +256,7 @@ def build_cpu(func: LoopFunc, target: Target | None = None, *, context: str | No
     function and `context`, e.g. the stage/step being built) when code generation or LLVM fails."""
     t = target or Target.host_cpu()
     level = int(config.get("opt_level")) if opt_level is None else opt_level
-    key = (func.key, t.fingerprint + "|" + t.llvm_features, level)
+    key = (func.key, t.fingerprint + "|" + t.llvm_features, level, int(config.get("nontemporal_store_bytes")))
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
