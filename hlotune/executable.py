@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from . import config
+from .buffers import aligned_copy, aligned_empty
 from .errors import InputError, UnsupportedError
 from .ir.hlo import Op, flat_shapes
 from .target import Target
@@ -147,7 +148,7 @@ class _Subgraph:
         self.kernel = backend(self.KIND)[0](self.func, target)
         self.compile_s = time.perf_counter() - t0
         consts = constant_values(cd)
-        self.consts = [self._place(np.ascontiguousarray(consts[b.name], dtype=b.dtype.np))
+        self.consts = [self._place(aligned_copy(np.ascontiguousarray(consts[b.name], dtype=b.dtype.np)))
                        for b in cd.inputs[self.n_params:]]
         self.outputs = [self._alloc(tuple(b.shape), b.dtype.np) for b in self.func.outputs]
         self.is_tuple = sg.computation.root_instruction.shape.is_tuple()
@@ -174,7 +175,7 @@ class CompiledSubgraph(_Subgraph):
 
     @staticmethod
     def _alloc(shape, dtype) -> np.ndarray:
-        return np.empty(shape, dtype=dtype)
+        return aligned_empty(shape, dtype)
 
     @staticmethod
     def _ptr(a: np.ndarray) -> int:
@@ -466,7 +467,7 @@ class _CpuPlan:
         from .ir.interp import evaluate_computation
 
         val = evaluate_computation(exe._module, exe._mini[inst.name], [])
-        return self._fixed(np.ascontiguousarray(val, dtype=inst.array_shape.dtype.np))
+        return self._fixed(aligned_copy(np.ascontiguousarray(val, dtype=inst.array_shape.dtype.np)))
 
     def _view(self, exe: Executable, inst, x) -> _Buf | None:
         from .ir.passes import _default_layout
@@ -562,9 +563,9 @@ class _CpuPlan:
     def run(self, args: list[np.ndarray]) -> tuple[np.ndarray, ...]:
         """Run on checked arguments (shapes and dtypes right); the outputs as new arrays."""
         slots = self.slots
-        keep = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in args]
+        keep = [a if a.flags.c_contiguous else aligned_copy(a) for a in args]
         ptrs = [a.ctypes.data for a in keep]
-        fresh = [np.empty(shape, dtype) for shape, dtype in self._fresh_specs]
+        fresh = [aligned_empty(shape, dtype) for shape, dtype in self._fresh_specs]
         ptrs += [f.ctypes.data for f in fresh]
         if self._rt is not None:
             self._rt.ensure_started(self._threads)   # (re)starts the workers after a fork
@@ -584,8 +585,8 @@ class _CpuPlan:
     def profile(self, args: list[np.ndarray], repeats: int) -> list[tuple[str, str, float]]:
         """(subgraph, workload key, median seconds) of each kernel call, timed alone on the buffers of one
         full run on `args` (a kernel reads only its inputs, so running it again gives the same outputs)."""
-        keep = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in args]
-        fresh = [np.empty(shape, dtype) for shape, dtype in self._fresh_specs]
+        keep = [a if a.flags.c_contiguous else aligned_copy(a) for a in args]
+        fresh = [aligned_empty(shape, dtype) for shape, dtype in self._fresh_specs]
         ptr = {("arg", k): a.ctypes.data for k, a in enumerate(keep)}
         ptr.update({("fresh", k): f.ctypes.data for k, f in enumerate(fresh)})
         out = []

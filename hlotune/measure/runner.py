@@ -60,6 +60,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .. import config
+from ..buffers import aligned_copy
 from ..target import Target
 from .records import BuildResult, ErrorKind, MeasureResult
 from .reference import TaskData, compare, poison
@@ -160,10 +161,10 @@ def measure_kernel(kernel, data: TaskData, timing: TimingConfig, fault: str | No
         if tuple(b.shape) != ref.shape or b.dtype.np != ref.dtype:
             return (ErrorKind.WRONG_ANSWER, f"output {b.name}: {b.dtype.value}{list(b.shape)}, reference has "
                     f"{ref.dtype}{list(ref.shape)}", ())
-        outs.append(poison(ref))
+        outs.append(aligned_copy(poison(ref)))   # aligned: the same timing on every allocation
     if len(outs) != len(data.expected) or len(func.inputs) != len(data.inputs):
         return ErrorKind.WRONG_ANSWER, "the kernel's buffers do not match the task's", ()
-    inputs = [a.copy() for a in data.inputs]
+    inputs = [aligned_copy(a) for a in data.inputs]
     run = kernel.bind(*inputs, *outs)
     _inject_run_fault(fault, "run")
     t0 = time.perf_counter_ns()
