@@ -79,9 +79,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("num_threads", int, 0, "threads for parallel loops on the CPU (0: one per core)"),
     Setting("opt_level", int, 3, "LLVM optimization level for generated CPU code"),
     Setting("nontemporal_store_bytes", int, 8 << 20,
-            "CPU: contiguous vector stores to a kernel argument of at least this many bytes that the kernel never "
-            "reads are non-temporal (they bypass the caches: no read for ownership; on x86; 0: off); relu_chain "
-            "(40 MB in, 40 MB out) ran 1.8 -> 1.4 ms with them"),
+            "CPU (x86): in a kernel without local buffers, contiguous vector stores to a kernel argument of at least "
+            "this many bytes that the kernel never reads are non-temporal (they bypass the caches: no read for "
+            "ownership; 0: off); relu_chain (40 MB in, 40 MB out) ran 1.72 -> 1.24 ms with them"),
     Setting("build_max_ir_lines", int, 30000,
             "a tuning candidate whose LLVM IR is longer than this is not built (a compile error; 0: no limit): "
             "such over-unrolled code took 6-13 s to build and was never within 10 % of its task's best"),

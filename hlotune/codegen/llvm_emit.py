@@ -29,13 +29,14 @@ Conventions (see loop_ir's docstring for the IR's own):
 - UNROLLED loops and serial loops under an `auto_unroll_max_step` pragma whose fully unrolled size
   (stores executed) is at most the pragma are unrolled in the IR, so local accumulator tiles get
   constant offsets and SROA turns them into registers.
-- Non-temporal stores: a kernel argument of at least `nontemporal_store_bytes` (config) that the kernel never reads
-  gets its contiguous vector stores (16 bytes or more) as non-temporal stores, on x86: such an output does not fit
-  the caches anyway, and a normal store first reads the line it writes (read for ownership), a third of the
-  traffic of a copy.  A non-temporal vector store needs an address aligned to the vector's size, which the
-  buffer's base and the offset do not promise, so each such store tests its address and stores normally when it
-  is not aligned (a predictable branch per vector).  Every function that made one ends with `sfence`, so the
-  stores are visible before the parallel runtime reports the chunk done.
+- Non-temporal stores (x86): in a kernel without local buffers, a kernel argument of at least
+  `nontemporal_store_bytes` (config) that the kernel never reads gets its contiguous vector stores (a multiple of
+  16 bytes) as 16-byte non-temporal stores: such an output does not fit the caches anyway, and a normal store
+  first reads the line it writes (read for ownership), a third of the traffic of a copy.  A non-temporal store
+  needs an address aligned to its size, which neither the buffer's base nor the offset promises, so each vector
+  store tests its address and stores normally when it is not 16-byte aligned (a predictable branch per vector).
+  Every function that made one ends with `sfence`, so the stores are visible before the parallel runtime reports
+  the chunk done.
 - Allocate: scope "local" (at most LOCAL_STACK_LIMIT bytes) is an alloca in the function's entry block;
   "global", "shared" and large ones are `aligned_alloc(64, ...)` before the body and `free` after it.
 - PARALLEL loops (outermost of their nest) are outlined: `NAME_parK(bufs..., vars..., begin, end)`
@@ -700,7 +701,8 @@ class FuncEmitter:
 
     def _nontemporal_store(self, mem: ir.Value, ptr: ir.Value, nbytes: int, dt: DType) -> None:
         """`mem` (a vector of `nbytes`) at `ptr` as non-temporal stores of 16 bytes each when `ptr` is 16-byte
-        aligned (numpy's own alignment: whole vectors would need 64 and rarely get it), else one normal store."""
+        aligned, else one normal store.  16 bytes: any offset that is a multiple of 4 floats qualifies (on numpy's
+        own 16-byte alignment too), where one 64-byte store would need the offset a multiple of 16 floats."""
         b = self.b
         low = b.and_(b.ptrtoint(ptr, I64), ir.Constant(I64, 15))
         with b.if_else(b.icmp_unsigned("==", low, ir.Constant(I64, 0)), likely=True) as (aligned, other):
