@@ -24,7 +24,7 @@ ALIGN = 64
 def aligned_empty(shape, dtype) -> np.ndarray:
     """An uninitialized C-contiguous array of `shape` and `dtype` whose first byte is ALIGN-aligned."""
     dt = np.dtype(dtype)
-    shape = tuple(int(d) for d in np.atleast_1d(shape)) if not isinstance(shape, tuple) else shape
+    shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
     n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     raw = np.empty(n + ALIGN, dtype=np.uint8)
     start = (-raw.ctypes.data) % ALIGN

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from . import config
-from .buffers import aligned_copy, aligned_empty
+from .buffers import ALIGN, aligned_copy, aligned_empty
 from .errors import InputError, UnsupportedError
 from .ir.hlo import Op, flat_shapes
 from .target import Target
@@ -357,7 +357,7 @@ def _flatten(v: Any) -> list[np.ndarray]:
 
 # ----------------------------------------------------------------------------- the cpu call plan
 
-ARENA_ALIGN = 64   # bytes: every intermediate starts on a cache line
+ARENA_ALIGN = ALIGN   # bytes: every intermediate starts on a cache line
 
 
 #: glue ops that are views of their operand (no data moved) in the call plans
@@ -508,10 +508,9 @@ class _CpuPlan:
         sizes = [b.size * np.dtype(b.dtype).itemsize for b, _ in self.mids]
         offsets, total = _arena_offsets(sizes, [(t, last[b.key]) for b, t in self.mids])
         self.arena_bytes = total
-        self._arena = np.empty(total + ARENA_ALIGN, dtype=np.uint8)
-        base = (-self._arena.ctypes.data) % ARENA_ALIGN
+        self._arena = aligned_empty((total,), np.uint8)
         for (b, _), off, n in zip(self.mids, offsets, sizes):
-            view = self._arena[base + off: base + off + n].view(b.dtype).reshape(b.shape)
+            view = self._arena[off: off + n].view(b.dtype).reshape(b.shape)
             self.fixed[b.index] = view
 
     def _result(self, root: Any) -> None:

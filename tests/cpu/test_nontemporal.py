@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hlotune.buffers import aligned_empty
 from hlotune.codegen.llvm_cpu import build_cpu
 from hlotune.codegen.llvm_emit import nontemporal_buffers
 from hlotune.ir.expr import Binary, Compare, Const, Load, Var
@@ -36,10 +37,11 @@ def axpb(n: int, lanes: int, dt: DType, accumulate: bool = False, parallel: bool
 
 
 def _view(n: int, dt: DType, offset: int) -> np.ndarray:
-    """A contiguous array of n elements starting `offset` elements past a 64-byte boundary."""
-    raw = np.zeros(n + offset + 64, dt.np)
-    start = (-raw.ctypes.data % 64) // raw.itemsize + offset
-    return raw[start:start + n]
+    """A contiguous array of n NaNs starting `offset` elements past a 64-byte boundary (an element the kernel
+    does not write stays NaN and fails the comparison)."""
+    a = aligned_empty((n + offset,), dt.np)[offset:]
+    a.fill(np.nan)
+    return a
 
 
 @pytest.mark.parametrize("dt,lanes", [(DType.F32, 4), (DType.F32, 8), (DType.F32, 16), (DType.F64, 4),
