@@ -49,8 +49,13 @@ CHUNKS_PER_THREAD = 4     # a parallel loop is cut into threads * this many chun
 _N_SHIFT, _N_MASK = 20, (1 << 20) - 1
 
 
+def is_x86(triple: str) -> bool:
+    """Whether an LLVM target triple is an x86 one (32 or 64 bit)."""
+    return triple.startswith(("x86_64", "i686", "i386"))
+
+
 def _pause(b: ir.IRBuilder, triple: str) -> None:
-    if triple.startswith(("x86_64", "i686", "i386")):
+    if is_x86(triple):
         b.asm(ir.FunctionType(VOID, []), "pause", "~{memory}", [], side_effect=True)
     elif triple.startswith(("aarch64", "arm64")):
         b.asm(ir.FunctionType(VOID, []), "yield", "~{memory}", [], side_effect=True)

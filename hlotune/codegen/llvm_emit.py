@@ -59,7 +59,7 @@ from ..errors import CompileError
 from ..ir.expr import INDEX, Binary, Cast, Compare, Const, Expr, Load, Select, Unary, Var, walk
 from ..ir.hlo import DType, Op
 from ..schedule_space.loop_ir import Allocate, Barrier, For, ForKind, If, LoopFunc, Seq, Stmt, Store, walk_stmts
-from .cpu_runtime import LAUNCH_NAME, TASK_PTR
+from .cpu_runtime import LAUNCH_NAME, TASK_PTR, is_x86
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
@@ -319,8 +319,7 @@ class ModuleEmitter:
 
     def __init__(self, func: LoopFunc, triple: str, parallel: bool = True, nontemporal_bytes: int = 0):
         self.func = func
-        x86 = triple.split("-", 1)[0] in ("x86_64", "i686", "i386")
-        self.nt_bufs = nontemporal_buffers(func, nontemporal_bytes) if x86 else frozenset()
+        self.nt_bufs = nontemporal_buffers(func, nontemporal_bytes) if is_x86(triple) else frozenset()
         self.name = sanitize(func.name)
         self.module = ir.Module(name=self.name)
         self.module.triple = triple
