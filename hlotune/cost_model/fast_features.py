@@ -2,7 +2,9 @@
 
 Map:
   structure_key(schedule)        the steps with Split factors blanked: schedules with equal keys differ only
-                                 in tile sizes (what the sketch sampler and tile-size mutation produce)
+                                 in tile sizes (what the sketch sampler and tile-size mutation produce); the
+                                 splits before an RFactor keep their factors (rfactor bakes them into the
+                                 new stage's expressions), so those are one template per factor choice
   Template.build(cd, steps)      from one representative: replay with tagged factors (so every split relation
                                  knows which step factors it came from), lower it once (for the statement
                                  list and arithmetic counts), and record the loop structure of every store
@@ -12,7 +14,8 @@ Map:
                                  a packed index, a fractional region): those are lowered instead
   Template.instantiate(factors)  (nests, bad) under the template's lock: templates are shared by threads
   batch_features(cd, schedules)  list of (S_i, NUM_FEATURES) arrays, one per schedule (groups by structure;
-                                 a structure the template cannot express -- rfactor, non-affine indices --
+                                 a structure the template cannot express -- non-affine indices, a stage read
+                                 by consumers of different rank (a row sketch's rfactor) --
                                  falls back to the exact path: lower + features_of_func)
 
 The template mirrors `schedule_space.lower`: a stage's nest is its attach chain plus its own iterators;
@@ -84,10 +87,22 @@ def _blank(s):
     return s
 
 
+def _fixed_splits(steps) -> int:
+    """How many leading steps keep their Split factors in the key: those before the first RFactor (rfactor
+    bakes the factors of the split it factors into the new stage's expressions, so a template holds them
+    fixed and instantiates only the splits after it); 0 when there is none."""
+    for i, s in enumerate(steps):
+        if type(s) is RFactor:
+            return i
+    return 0
+
+
 def structure_key(steps) -> tuple:
     """Hashable key of a schedule with its Split factors and unroll pragma values blanked (the numbers a
-    template instantiates; lengths and directions kept)."""
-    return tuple(map(_blank, getattr(steps, "steps", steps)))
+    template instantiates; lengths and directions kept).  Splits before an RFactor keep their factors."""
+    steps = tuple(getattr(steps, "steps", steps))
+    k = _fixed_splits(steps)
+    return tuple(s if i < k else _blank(s) for i, s in enumerate(steps))
 
 
 _TOKENS: dict = {}                          # blanked step (`_blank`) -> a small int
@@ -115,14 +130,28 @@ def key_and_row(steps) -> tuple[tuple, list]:
     value, in step order) in one pass over the steps (the batch path's grouping)."""
     key = []
     row: list = []
-    for s in getattr(steps, "steps", steps):
+    steps = getattr(steps, "steps", steps)
+    fixed = _fixed_splits(steps)
+    for i, s in enumerate(steps):
         t = type(s)
+        if i < fixed:
+            key.append(_fixed_token(s))
+            continue
         if t is Split:
             row.extend(s.factors)
         elif t is Pragma and s.name == UNROLL:
             row.append(s.value)
         key.append(_token(s))
     return tuple(key), row
+
+
+def _fixed_token(s) -> int:
+    """The token of a step kept whole (a Split before an RFactor: its factors are part of the structure)."""
+    b = ("fixed", s)
+    t = _TOKENS.get(b)
+    if t is None:
+        t = _TOKENS[b] = len(_TOKENS)
+    return t
 
 
 def _affine(e: Expr, axes: set[str]) -> tuple[dict[str, float], float] | None:
@@ -209,20 +238,25 @@ class Template:
         #: `nests` keeps per-call state on the template, and templates are shared (`_TEMPLATES`) by every thread
         #: of the process (several tuning threads: distributed.tune_targets): one call at a time
         self.lock = threading.Lock()
+        self.fixed = 0                    #: leading steps replayed as they are (those before an RFactor)
         if len(self.stores) != len(rep_nests):
             raise Unsupported("statement count differs from the lowered representative")
 
     # ------------------------------------------------------------------ construction
     @staticmethod
-    def build(cd: ComputeDef, steps) -> Template:
+    def build(cd: ComputeDef, steps, check: bool = True) -> Template:
+        """The template of `steps`' structure.  One with fixed splits (an RFactor) is checked against its
+        representative's exact features when `check` (Unsupported if it differs); without, the caller checks
+        (`reproduces_representative`) -- `_template` does it once per structure with every factor blanked."""
         steps = tuple(getattr(steps, "steps", steps))
-        if any(isinstance(s, RFactor) for s in steps):
-            raise Unsupported("rfactor bakes split factors into expressions")
+        fixed = _fixed_splits(steps)      # steps before an RFactor are replayed as they are (no refs)
         refs: list[tuple[int, int]] = []
         st = init_state(cd)
         tagged = []
         for i, s in enumerate(steps):
-            if isinstance(s, Split):
+            if i < fixed:
+                pass
+            elif isinstance(s, Split):
                 fs = []
                 for p, f in enumerate(s.factors):
                     refs.append((i, p))
@@ -233,7 +267,25 @@ class Template:
                 s = Pragma(s.stage, s.iter, s.name, _Tag(int(s.value), ((i, -1),)))
             st = apply(st, s)
             tagged.append(s)
-        return Template(cd, st, refs, _rep_stores(lower(cd, steps)))
+        func = lower(cd, steps)
+        tpl = Template(cd, st, refs, _rep_stores(func))
+        tpl.fixed = fixed
+        if fixed and check and not tpl.reproduces_representative(steps, func):
+            raise Unsupported("the template does not reproduce its representative")
+        return tpl
+
+    def reproduces_representative(self, steps, func: LoopFunc | None = None) -> bool:
+        """Whether the template gives the exact features of `steps` (its representative).  Asked of rfactor
+        templates: the stage rfactor makes indexes the fixed splits' iterators through baked expressions, which
+        the template models in most layouts but not all (e.g. an rfactor of a fused reduction's outer part)."""
+        F = np.array([key_and_row(steps)[1]], dtype=np.float64) if self.refs else np.zeros((1, 0))
+        nests, bad = self.instantiate(F)
+        if bad.any():
+            return False
+        rows = [log_scale(store_features(stack_nests([nst]))) for nst in nests]
+        got = add_program_features(np.stack(rows, axis=1))[0] if rows else np.zeros((0, NUM_FEATURES))
+        want = features_of_func(func if func is not None else lower(self.cd, steps))
+        return got.shape == want.shape and bool(np.allclose(got, want, atol=1e-6))
 
     def _store_list(self) -> list[tuple[str, str, list[tuple[str, str, bool]]]]:
         """(stage, "plain" | "init" | "update", loop refs (stage, iterator, is_init)) in program order."""
@@ -577,6 +629,8 @@ class Template:
                 if first_A is None:
                     first_A = A
                     first_outer = outer
+                elif first_A.shape != A.shape:   # consumers of another rank (a stage and its rfactor stage)
+                    raise Unsupported(f"consumers of {name} index it over different root axes")
                 elif not np.array_equal(first_A, A):
                     full |= np.any(first_A != A, axis=1)[None, :]
         extent = np.array([a.extent for a in op.axes], dtype=np.float64)[None, :]
@@ -703,11 +757,29 @@ def _template(cd: ComputeDef, key_cd: str, sched, skey: tuple | None = None) -> 
         if len(_TEMPLATES) >= _MAX_TEMPLATES:
             _TEMPLATES.clear()
         try:
-            tpl = Template.build(cd, sched)
+            tpl = Template.build(cd, sched, check=False)
+            if tpl.fixed and not _rfactor_verdict(tpl, key_cd, sched):
+                tpl = None
         except (Unsupported, ScheduleError):
             tpl = None
         _TEMPLATES[key] = tpl
     return tpl
+
+
+#: (workload, tokens of the steps with every factor blanked) -> whether an rfactor template of that structure
+#: reproduced its representative: checked once per structure, not once per choice of the fixed split factors
+_RF_VERDICT: dict[tuple, bool] = {}
+
+
+def _rfactor_verdict(tpl: Template, key_cd: str, sched) -> bool:
+    steps = tuple(getattr(sched, "steps", sched))
+    k = (key_cd, tuple(_token(s) for s in steps))
+    ok = _RF_VERDICT.get(k)
+    if ok is None:
+        if len(_RF_VERDICT) >= _MAX_TEMPLATES:
+            _RF_VERDICT.clear()
+        ok = _RF_VERDICT[k] = tpl.reproduces_representative(steps)
+    return ok
 
 
 def batch_features(cd: ComputeDef, schedules, workload_key: str | None = None) -> list[np.ndarray | None]:
@@ -735,6 +807,7 @@ def _batch_features(cd: ComputeDef, schedules, workload_key: str | None) -> list
             _TOKENS.clear()
             _BY_ID.clear()
             _TEMPLATES.clear()
+            _RF_VERDICT.clear()
         k, row = key_and_row(s)
         g = groups.get(k)
         if g is None:

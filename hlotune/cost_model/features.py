@@ -358,7 +358,7 @@ def _loop_features(nest: StoreNest, ext, real, km, rank, nreal, prod, out: np.nd
         suffix = _suffix_prod(ext)
         for name, cap in (("l1_fit_prod", l1), ("l2_fit_prod", l2)):
             k = np.argmax(foot <= cap, axis=1)     # outermost level that fits (level L always does: one point)
-            out[:, _COL[name]] = suffix[rows, k]
+            out[:, _COL[name]] = np.where(nreal > 0, suffix[rows, k], 0.0)   # extent-1 loops alone: none
     _guard_features(nest, ext, real, inner, has_i, w, out)
     if w is not None and nl:
         _tile_features(nest, ext, real, strides, w, lanes, out, memo)

@@ -311,3 +311,43 @@ def test_batch_grouping_key_and_factor_rows():
         assert row == want
     for s, fast in zip(scheds, batch_features(w.compute, scheds, w.key + "-grouping-test")):
         np.testing.assert_allclose(fast, exact_features(w.compute, s), atol=1e-6, err_msg=f"{s.steps}")
+
+
+@pytest.mark.parametrize("name,kind", [("mlp_train_step", "hlo"), ("sum_reduce", "hlo"), ("softmax", "hlo")])
+def test_rfactor_schedules_fast_path(name, kind):
+    """Schedules with an RFactor: the template keeps the splits before it fixed (part of the grouping key) and
+    instantiates the rest; features equal the exact path's (including a factor-1 split, whose loops of extent 1
+    alone count as no loop), and the template is built for every one of mlp_train_step's and sum_reduce's (a
+    softmax row sketch, whose stage is read by consumers of different rank, falls back to lowering)."""
+    import random
+
+    from hlotune.cost_model.fast_features import Template, Unsupported, key_and_row
+    from hlotune.schedule_space.steps import RFactor, Split
+    from hlotune.schedule_space.task import Task
+    from hlotune.search.space import TaskSpace, sample_random
+
+    m = hlotune.load_model(model_path(name, kind))
+    checked = built = 0
+    for sg in m.frontend.subgraphs:
+        w = sg.workload
+        space = TaskSpace(Task(w.key, w.compute, _T, 1, sg.name, float(w.flops)))
+        scheds = [s for s in sample_random(space, random.Random(5), 200)
+                  if any(isinstance(x, RFactor) for x in s.steps)][:30]
+        for s, fast in zip(scheds, batch_features(w.compute, scheds, w.key + "-rfactor-test")):
+            np.testing.assert_allclose(fast, exact_features(w.compute, s), atol=1e-6, err_msg=f"{sg.name} {s.steps}")
+            checked += 1
+            try:
+                tpl = Template.build(w.compute, s)
+            except Unsupported:
+                continue
+            built += 1
+            rf = next(i for i, x in enumerate(s.steps) if isinstance(x, RFactor))
+            assert all(i > rf for i, _ in tpl.refs)                 # nothing before the RFactor is instantiated
+            row = key_and_row(s)[1]
+            assert row == [s.steps[i].factors[p] if p >= 0 else s.steps[i].value for i, p in tpl.refs]
+            if any(isinstance(x, Split) for x in s.steps[:rf]):     # the fixed factors are part of the key
+                other = [x for x in scheds if key_and_row(x)[0] == key_and_row(s)[0]]
+                assert all(x.steps[:rf] == s.steps[:rf] for x in other)
+    assert checked > 0
+    if name != "softmax":
+        assert built == checked
