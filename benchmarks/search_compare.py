@@ -60,6 +60,10 @@ SUBGRAPHS = (
      "the whole layernorm of X[4096,2048], one row-fused subgraph"),
     ("mlp_grad_dot_9", "mlp_train_step", "bench.hlo", "dot_general.9", "a weight-gradient dot of mlp_train_step"),
     ("attention_dot_9", "transformer_block", "bench.hlo", "dot_general.9", "an attention dot of transformer_block"),
+    ("mlp2_logits_dot", "mlp2", "bench.hlo", "dot_general.3", "the logits dot of mlp2 (layer 2, N = 10)"),
+    ("mlp_grad_dot_6", "mlp_train_step", "bench.hlo", "dot_general.6", "a small dot of mlp_train_step"),
+    ("mlp_grad_input_fusion_1", "mlp_train_step", "bench.hlo", "input_fusion.1",
+     "a reduction fusion of mlp_train_step"),
 )
 TUNE_TIMING = TimingConfig(warmup_ms=2.0, repeats=3, min_repeat_ms=5.0)
 REMEASURE_TIMING = TimingConfig(warmup_ms=10.0, repeats=5, min_repeat_ms=10.0)
