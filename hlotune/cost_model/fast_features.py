@@ -244,10 +244,9 @@ class Template:
 
     # ------------------------------------------------------------------ construction
     @staticmethod
-    def build(cd: ComputeDef, steps, check: bool = True) -> Template:
-        """The template of `steps`' structure.  One with fixed splits (an RFactor) is checked against its
-        representative's exact features when `check` (Unsupported if it differs); without, the caller checks
-        (`reproduces_representative`) -- `_template` does it once per structure with every factor blanked."""
+    def build(cd: ComputeDef, steps) -> Template:
+        """The template of `steps`' structure.  One with fixed splits (`fixed` > 0: an RFactor) is trusted only
+        after `reproduces_representative` (`_template` asks once per structure with every factor blanked)."""
         steps = tuple(getattr(steps, "steps", steps))
         fixed = _fixed_splits(steps)      # steps before an RFactor are replayed as they are (no refs)
         refs: list[tuple[int, int]] = []
@@ -267,24 +266,24 @@ class Template:
                 s = Pragma(s.stage, s.iter, s.name, _Tag(int(s.value), ((i, -1),)))
             st = apply(st, s)
             tagged.append(s)
-        func = lower(cd, steps)
-        tpl = Template(cd, st, refs, _rep_stores(func))
+        tpl = Template(cd, st, refs, _rep_stores(lower(cd, steps)))
         tpl.fixed = fixed
-        if fixed and check and not tpl.reproduces_representative(steps, func):
-            raise Unsupported("the template does not reproduce its representative")
         return tpl
 
-    def reproduces_representative(self, steps, func: LoopFunc | None = None) -> bool:
+    def reproduces_representative(self, steps) -> bool:
         """Whether the template gives the exact features of `steps` (its representative).  Asked of rfactor
         templates: the stage rfactor makes indexes the fixed splits' iterators through baked expressions, which
         the template models in most layouts but not all (e.g. an rfactor of a fused reduction's outer part)."""
         F = np.array([key_and_row(steps)[1]], dtype=np.float64) if self.refs else np.zeros((1, 0))
-        nests, bad = self.instantiate(F)
+        try:
+            nests, bad = self.instantiate(F)
+        except Unsupported:
+            return False
         if bad.any():
             return False
         rows = [log_scale(store_features(stack_nests([nst]))) for nst in nests]
         got = add_program_features(np.stack(rows, axis=1))[0] if rows else np.zeros((0, NUM_FEATURES))
-        want = features_of_func(func if func is not None else lower(self.cd, steps))
+        want = features_of_func(lower(self.cd, steps))
         return got.shape == want.shape and bool(np.allclose(got, want, atol=1e-6))
 
     def _store_list(self) -> list[tuple[str, str, list[tuple[str, str, bool]]]]:
@@ -757,7 +756,7 @@ def _template(cd: ComputeDef, key_cd: str, sched, skey: tuple | None = None) -> 
         if len(_TEMPLATES) >= _MAX_TEMPLATES:
             _TEMPLATES.clear()
         try:
-            tpl = Template.build(cd, sched, check=False)
+            tpl = Template.build(cd, sched)
             if tpl.fixed and not _rfactor_verdict(tpl, key_cd, sched):
                 tpl = None
         except (Unsupported, ScheduleError):
