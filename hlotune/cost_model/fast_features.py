@@ -251,7 +251,6 @@ class Template:
         fixed = _fixed_splits(steps)      # steps before an RFactor are replayed as they are (no refs)
         refs: list[tuple[int, int]] = []
         st = init_state(cd)
-        tagged = []
         for i, s in enumerate(steps):
             if i < fixed:
                 pass
@@ -265,7 +264,6 @@ class Template:
                 refs.append((i, -1))
                 s = Pragma(s.stage, s.iter, s.name, _Tag(int(s.value), ((i, -1),)))
             st = apply(st, s)
-            tagged.append(s)
         tpl = Template(cd, st, refs, _rep_stores(lower(cd, steps)))
         tpl.fixed = fixed
         return tpl
