@@ -49,6 +49,7 @@ from .features import (
     add_program_features,
     count_ops,
     features_of_func,
+    ideal_log2,
     log_scale,
     nest_signature,
     stack_nests,
@@ -280,8 +281,9 @@ class Template:
         if bad.any():
             return False
         rows = [log_scale(store_features(stack_nests([nst]))) for nst in nests]
-        got = add_program_features(np.stack(rows, axis=1))[0] if rows else np.zeros((0, NUM_FEATURES))
-        want = features_of_func(lower(self.cd, steps))
+        ideal = ideal_log2(self.cd)
+        got = add_program_features(np.stack(rows, axis=1), ideal)[0] if rows else np.zeros((0, NUM_FEATURES))
+        want = features_of_func(lower(self.cd, steps), ideal)
         return got.shape == want.shape and bool(np.allclose(got, want, atol=1e-6))
 
     def _store_list(self) -> list[tuple[str, str, list[tuple[str, str, bool]]]]:
@@ -839,6 +841,7 @@ def _batch_features(cd: ComputeDef, schedules, workload_key: str | None) -> list
         for j, nst in enumerate(nests):
             buckets.setdefault(nest_signature(nst), []).append((g, j))
     rows_of: dict[tuple[int, int], np.ndarray] = {}
+    ideal = ideal_log2(cd) if done else 0.0
     for members in buckets.values():
         nests = [done[g][1][j] for g, j in members]
         X = log_scale(store_features(stack_nests(nests)))
@@ -850,7 +853,7 @@ def _batch_features(cd: ComputeDef, schedules, workload_key: str | None) -> list
     for g, (idx, nests) in enumerate(done):
         # per structure (not all programs of equal length at once): numpy's sums over a program's rows take
         # another order in a larger array, which changes prog_* columns in the last bit
-        X = add_program_features(np.stack([rows_of[(g, j)] for j in range(len(nests))], axis=1)) if nests else \
+        X = add_program_features(np.stack([rows_of[(g, j)] for j in range(len(nests))], axis=1), ideal) if nests else \
             np.zeros((len(idx), 0, NUM_FEATURES))
         for j, i in enumerate(idx):
             out[i] = X[j]
@@ -860,6 +863,6 @@ def _batch_features(cd: ComputeDef, schedules, workload_key: str | None) -> list
 def exact_features(cd: ComputeDef, sched) -> np.ndarray | None:
     """Exact path for one schedule: lower, then features_of_func (None when the schedule does not lower)."""
     try:
-        return features_of_func(lower(cd, getattr(sched, "steps", sched)))
+        return features_of_func(lower(cd, getattr(sched, "steps", sched)), ideal_log2(cd))
     except HlotuneError:
         return None

@@ -8,8 +8,10 @@ Map:
   store_features(nest)            StoreNest -> (N, NUM_FEATURES) raw features (numpy, vectorized over N)
   log_scale(x)                    sign(x) * log2(1 + |x|), applied to every column
   nests_of_func(func)             exact path: walk a LoopFunc, one StoreNest (N=1) per Store
-  add_program_features(X)         the prog_* columns (aggregates over a program's statements), both paths
-  features_of_func(func)          exact path: (S, NUM_FEATURES) log-scaled features of a LoopFunc
+  add_program_features(X, ideal)  the prog_* columns (aggregates over a program's statements), both paths; then
+  add_estimates(X, ideal)         the est_* columns: a roofline-like time per statement and program, and the same
+                                  against the workload's ideal time (`ideal_log2(cd)`)
+  features_of_func(func, ideal)   exact path: (S, NUM_FEATURES) log-scaled features of a LoopFunc
   machine()                       (threads, vector bits, L1d, L2) of the host, for the parallel/vector/cache columns
   (the fast path, many schedules of one structure at once, is in `fast_features.py`)
 
@@ -143,7 +145,28 @@ def _table() -> tuple[tuple[str, str], ...]:
              ("prog_outer_prod", "program: statement executions (sum of outer_prod)"),
              ("prog_bytes", "program: bytes accessed (sum of the buffer bytes columns)"),
              ("prog_intensity", "program: prog_ops / prog_bytes")]
+    rows += [(n, f"estimate (version 5; log2 seconds, not log-scaled): {m}") for n, m in _EST_TABLE]
     return tuple(rows)
+
+
+#: the analytic columns (`add_estimates`): a roofline-like time of each statement from the columns above; the
+#: model gets the combinations that trees cannot form from log-scaled columns (quotients, maxima, sums over a
+#: program) and, through the est_rel_* columns, each one against its workload's ideal time (`ideal_log2`)
+_EST_TABLE = (
+    ("est_compute", "weighted operations / (vector lanes used x threads used) / EST_OPS_PER_S"),
+    ("est_memory", "bytes from memory / EST_BYTES_PER_S (x EST_PAR_BW with threads): the unique bytes, or the line "
+                   "traffic of what does not fit L2"),
+    ("est_launch", "parallel launches x EST_LAUNCH_S"),
+    ("est_stmt", "max(est_compute, est_memory) + est_launch (monotone: the model's score may only fall as it rises)"),
+    ("est_prog", "program: sum of est_stmt over its statements (monotone)"),
+    ("est_lines_thread", "cache-line bytes accessed per thread used"),
+    ("est_l1_traffic", "cache-line bytes of the accesses outside the outermost loop that fits L1"),
+    ("est_ops_lane", "weighted operations per vector lane used"),
+    ("est_rel_stmt", "est_stmt - the workload's ideal time (monotone)"),
+    ("est_rel_prog", "est_prog - the workload's ideal time (monotone)"),
+    ("est_rel_compute", "est_compute - the workload's ideal time"),
+    ("est_rel_memory", "est_memory - the workload's ideal time"),
+)
 
 
 #: (name, meaning) of every feature, in column order
@@ -151,7 +174,7 @@ FEATURE_TABLE: tuple[tuple[str, str], ...] = _table()
 FEATURE_NAMES: tuple[str, ...] = tuple(n for n, _ in FEATURE_TABLE)
 NUM_FEATURES = len(FEATURE_NAMES)
 _COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
-FEATURE_VERSION = 4
+FEATURE_VERSION = 5
 
 
 _KIND_CODE = {k: i for i, k in enumerate(ForKind)}
@@ -735,10 +758,11 @@ def _nbytes(dt: DType) -> int:
         return 1
 
 
-def add_program_features(X: np.ndarray) -> np.ndarray:
+def add_program_features(X: np.ndarray, ideal: float) -> np.ndarray:
     """Fill the prog_* columns of log-scaled statement rows X (..., S, NUM_FEATURES), in place: aggregates over
     the S statements of each program, the same value in each of its rows (so a per-statement model sees the
-    whole program).  Returns X."""
+    whole program); then the est_* columns (`add_estimates`, against `ideal`, the workload's `ideal_log2`).
+    Returns X."""
     if X.shape[-2] == 0:
         return X
     raw = lambda cols: np.exp2(np.abs(X[..., cols])) - 1.0     # noqa: E731 - inverse of log_scale (counts >= 0)
@@ -747,13 +771,78 @@ def add_program_features(X: np.ndarray) -> np.ndarray:
     byts = raw([_COL[f"B{b}.bytes"] for b in range(TOP_BUFFERS)]).sum(axis=(-1, -2))
     prog = np.stack([np.full(ops.shape, float(X.shape[-2])), ops, outer, byts, ops / np.maximum(byts, 1.0)], axis=-1)
     X[..., _COL["prog_statements"]:_COL["prog_intensity"] + 1] = log_scale(prog)[..., None, :]
+    return add_estimates(X, ideal)
+
+
+#: the estimate's machine constants (per thread; `machine()` gives the threads and lanes): operations per second
+#: of one vector lane, memory bytes per second of one thread, the gain in bandwidth with more threads, the cost
+#: of one parallel launch; weights of the operation kinds (a multiply-add counts 2, a math function 20)
+EST_OPS_PER_S = 6e9
+EST_BYTES_PER_S = 15e9
+EST_PAR_BW = 1.6
+EST_LAUNCH_S = 3e-6
+#: FLOPs per second of one thread in the ideal time (`ideal_log2`): the compute and memory terms' balance point.
+#: 48e9 (8 lanes at EST_OPS_PER_S) measured better held out than 96e9 (16 lanes): docs/cost_model.md, session 15
+EST_IDEAL_FLOPS_PER_S = 48e9
+EST_OP_WEIGHTS = {"float_mad": 2, "float_addsub": 1, "float_mul": 1, "float_divmod": 8, "float_cmp": 1,
+                  "float_math_func": 20, "float_other_func": 4, "int_mad": 0.5, "int_addsub": 0.25, "int_mul": 0.25,
+                  "int_divmod": 4, "int_cmp": 0.25, "int_math_func": 1, "int_other_func": 1, "bool_op": 0.25,
+                  "select_op": 1}
+#: columns the model's score may only fall along (XGBoost monotone constraints, `model.monotone_constraints`)
+MONOTONE_DECREASING = ("est_stmt", "est_prog", "est_rel_stmt", "est_rel_prog")
+
+
+_EST_OPS = [_COL[k] for k in EST_OP_WEIGHTS]
+_EST_W = np.array(list(EST_OP_WEIGHTS.values()), dtype=np.float64)
+_EST_UNIQ = [_COL[f"B{b}.unique_bytes"] for b in range(TOP_BUFFERS)]
+_EST_LINES = [_COL[f"B{b}.lines"] for b in range(TOP_BUFFERS)]
+_EST_ONE = [_COL[n] for n in ("vec_ok", "vec_len", "par_extent", "par_balance", "l2_fit_prod", "par_launches",
+                             "l1_fit_prod")]
+_EST_IN = _EST_OPS + _EST_UNIQ + _EST_LINES + _EST_ONE     # the columns read, gathered in one call
+
+
+def add_estimates(X: np.ndarray, ideal: float) -> np.ndarray:
+    """Fill the est_* columns (`_EST_TABLE`) of log-scaled rows X (..., S, NUM_FEATURES) in place from the other
+    columns of the same rows, so both feature paths get them alike.  Returns X."""
+    R = np.exp2(np.abs(X[..., _EST_IN])) - 1.0          # inverse of log_scale (these columns are >= 0)
+    nops, nb = len(_EST_OPS), TOP_BUFFERS
+    vec_ok, vec_len, par_ext, par_bal, l2fit, launches, l1fit = np.moveaxis(R[..., nops + 2 * nb:], -1, 0)
+    threads, vbits, _, _ = machine()
+    lanes = max(1, vbits // 32)
+    flops = R[..., :nops] @ _EST_W
+    lane_use = np.where(vec_ok > 0.5, np.clip(vec_len, 1.0, lanes), 1.0)
+    thr = np.where(par_ext > 0, threads * par_bal, 1.0)
+    t_cmp = flops / (lane_use * thr) / EST_OPS_PER_S
+    uniq = R[..., nops:nops + nb].sum(axis=-1)
+    lines = R[..., nops + nb:nops + 2 * nb].sum(axis=-1) * CACHE_LINE
+    mem = np.maximum(uniq, np.minimum(lines, lines / np.maximum(l2fit, 1.0) + uniq))
+    t_mem = mem / (np.where(thr > 1.0, EST_PAR_BW, 1.0) * EST_BYTES_PER_S)
+    t_par = launches * EST_LAUNCH_S
+    est = np.maximum(t_cmp, t_mem) + t_par
+    prog = np.broadcast_to(est.sum(axis=-1, keepdims=True), est.shape)
+    cols = np.stack([t_cmp, t_mem, t_par + 1e-9, est, prog, lines / thr, lines / np.maximum(l1fit, 1.0),
+                     flops / lane_use], axis=-1)
+    cols = np.log2(1e-12 + cols)
+    X[..., _COL[_EST_TABLE[0][0]]:_COL[_EST_TABLE[0][0]] + 8] = cols
+    X[..., _COL["est_rel_stmt"]:_COL["est_rel_memory"] + 1] = cols[..., [3, 4, 0, 1]] - ideal
     return X
 
 
-def features_of_func(func: LoopFunc) -> np.ndarray:
-    """Exact path: (S, NUM_FEATURES) log-scaled features, one row per Store of `func` (program columns
-    included)."""
+def ideal_log2(cd) -> float:
+    """log2 of a compute definition's ideal time on this machine (seconds): its FLOPs at EST_IDEAL_FLOPS_PER_S on
+    every thread, or its bytes (`ir.workload.bytes_moved`) at the bandwidth of all threads, whichever is longer.  The
+    est_rel_* columns are the estimates against it, so that workloads of every size share one scale."""
+    from ..ir.workload import bytes_moved, flops
+
+    threads = machine()[0]
+    return float(np.log2(max(flops(cd) / (EST_IDEAL_FLOPS_PER_S * threads),
+                             bytes_moved(cd) / (EST_BYTES_PER_S * EST_PAR_BW), 1e-12)))
+
+
+def features_of_func(func: LoopFunc, ideal: float) -> np.ndarray:
+    """Exact path: (S, NUM_FEATURES) log-scaled features, one row per Store of `func` (program and estimate
+    columns included; `ideal`: `ideal_log2` of the compute definition `func` was lowered from)."""
     rows = [store_features(n)[0] for n in nests_of_func(func)]
     if not rows:
         return np.zeros((0, NUM_FEATURES))
-    return add_program_features(log_scale(np.stack(rows)))
+    return add_program_features(log_scale(np.stack(rows)), ideal)

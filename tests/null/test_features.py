@@ -46,7 +46,7 @@ def test_log_scale():
 
 
 def test_matmul_tile_hand_computed():
-    X = features_of_func(_matmul_func())
+    X = features_of_func(_matmul_func(), 0.0)
     assert X.shape == (1, NUM_FEATURES)
     r = _raw(X[0])
     n = 8 * 32 * 16
@@ -77,7 +77,7 @@ def test_extent_one_loops_change_nothing():
     fn = _matmul_func()
     wrapped = LoopFunc(fn.name, fn.inputs, fn.outputs,
                        For(_v("z"), Const(0, I), Const(1, I), ForKind.SERIAL, fn.body))
-    np.testing.assert_array_equal(features_of_func(fn), features_of_func(wrapped))
+    np.testing.assert_array_equal(features_of_func(fn, 0.0), features_of_func(wrapped, 0.0))
 
 
 _T = Target.host_cpu()
@@ -130,7 +130,7 @@ def test_fused_loop_stride_is_one():
                Load("A", (Binary(Op.DIVIDE, f, Const(32, I), I), Binary(Op.REMAINDER, f, Const(32, I), I)), F32))
     fn = LoopFunc("copy", (BufferDecl("A", (8, 32), F32),), (BufferDecl("C", (8, 32), F32),),
                   For(f, Const(0, I), Const(256, I), ForKind.PARALLEL, st))
-    r = _raw(features_of_func(fn)[0])
+    r = _raw(features_of_func(fn, 0.0)[0])
     assert round(float(r[COL["B0.stride"]]), 6) == 1 and round(float(r[COL["B1.stride"]]), 6) == 1
     assert float(r[COL["B0.lines"]]) == pytest.approx(256 / 16)
 
@@ -141,7 +141,7 @@ def test_loop_features_hand_computed(monkeypatch):
     from hlotune.cost_model import features
 
     monkeypatch.setattr(features, "machine", lambda: (2, 512, 1024, 4096))
-    r = _raw(features_of_func(_matmul_func())[0])
+    r = _raw(features_of_func(_matmul_func(), 0.0)[0])
     n = 8 * 32 * 16
 
     def f(name):
@@ -172,7 +172,7 @@ def test_program_columns_repeat_in_every_row():
     body = For(i, Const(0, I), Const(4, I), ForKind.SERIAL,
                Seq((init, For(k, Const(0, I), Const(8, I), ForKind.SERIAL, upd))))
     fn = LoopFunc("rs", (BufferDecl("A", (4, 8), F32),), (BufferDecl("C", (4,), F32),), body)
-    X = features_of_func(fn)
+    X = features_of_func(fn, 0.0)
     r = _raw(X)
     assert X.shape[0] == 2
     cols = [COL[c] for c in ("prog_statements", "prog_ops", "prog_outer_prod", "prog_bytes", "prog_intensity")]
@@ -194,7 +194,7 @@ def test_loop_features_inner_parallel_unroll_gather(monkeypatch):
                For(p, Const(0, I), Const(5, I), ForKind.PARALLEL,
                    For(u, Const(0, I), Const(4, I), ForKind.SERIAL, st, (("auto_unroll_max_step", 8),))))
     fn = LoopFunc("t", (BufferDecl("A", (4, 5), F32),), (BufferDecl("C", (3, 5, 4), F32),), body)
-    r = _raw(features_of_func(fn)[0])
+    r = _raw(features_of_func(fn, 0.0)[0])
 
     def f(name):
         return round(float(r[COL[name]]), 6)
@@ -216,7 +216,7 @@ def test_fused_loop_reaching_both_halves_has_stride_one():
     st = Store("C", (f,), Load("B", (idx,), F32))
     fn = LoopFunc("bc", (BufferDecl("B", (32,), F32),), (BufferDecl("C", (64,), F32),),
                   For(f, Const(0, I), Const(64, I), ForKind.SERIAL, st))
-    r = _raw(features_of_func(fn)[0])
+    r = _raw(features_of_func(fn, 0.0)[0])
     assert round(float(r[COL["B0.stride"]]), 6) == 1 and round(float(r[COL["B1.stride"]]), 6) == 1
 
 
@@ -267,7 +267,7 @@ def test_guard_index_and_register_tile_columns(monkeypatch):
     fn = LoopFunc("tail", (BufferDecl("A", (10,), F32),), (BufferDecl("C", (10,), F32),),
                   For(i0, Const(0, I), Const(3, I), ForKind.PARALLEL,
                       For(i1, Const(0, I), Const(4, I), ForKind.SERIAL, st)))
-    r = _raw(features_of_func(fn)[0])
+    r = _raw(features_of_func(fn, 0.0)[0])
     f = lambda name: round(float(r[COL[name]]), 6)    # noqa: E731
     assert (f("guard_dims"), f("guard_inner"), f("guard_execs")) == (1, 1, 12)
     assert f("pad_ratio") == pytest.approx(12 / 10) and f("idx_div") == 0 and f("rt_elems") == 0
@@ -277,10 +277,10 @@ def test_guard_index_and_register_tile_columns(monkeypatch):
     fn = LoopFunc("copy", (BufferDecl("A", (8, 32), F32),), (BufferDecl("C", (8, 32), F32),),
                   For(g, Const(0, I), Const(256, I), ForKind.PARALLEL,
                       Store("C", (div, rem), Load("A", (div, rem), F32))))
-    r = _raw(features_of_func(fn)[0])
+    r = _raw(features_of_func(fn, 0.0)[0])
     assert (f("idx_div"), f("idx_div_inner"), f("guard_dims"), f("pad_ratio")) == (2, 2, 0, 1)
 
-    r = _raw(features_of_func(_matmul_func())[0])
+    r = _raw(features_of_func(_matmul_func(), 0.0)[0])
     assert (f("rt_elems"), f("rt_regs"), f("rt_loads")) == (16, 1, 17)
     assert f("rt_inten") == pytest.approx(16 / 17) and f("guard_dims") == 0 and f("idx_div") == 0
 

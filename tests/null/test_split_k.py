@@ -171,7 +171,7 @@ def test_split_k_sketch_points_compute_the_algorithm():
     import random
 
     from hlotune.cost_model.fast_features import batch_features
-    from hlotune.cost_model.features import features_of_func
+    from hlotune.cost_model.features import features_of_func, ideal_log2
     from hlotune.schedule_space.sketch_gpu import GpuSketch, generate_gpu_sketches
     from hlotune.schedule_space.task import tasks_from_subgraphs
     from hlotune.search.space import crossover, mutate
@@ -195,7 +195,8 @@ def test_split_k_sketch_points_compute_the_algorithm():
                     assert any(isinstance(x, RFactor) for x in s.steps) and "template" in src.text
                 fast = batch_features(t.compute, pts, t.key)
                 for s, f in zip(pts, fast):
-                    np.testing.assert_allclose(f, features_of_func(lower(t.compute, s.steps, name="k")))
+                    np.testing.assert_allclose(f, features_of_func(lower(t.compute, s.steps, name="k"),
+                                                                   ideal_log2(t.compute)))
     assert seen == {"split_k", "split_k_fuse"}
 
 
