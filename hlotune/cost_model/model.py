@@ -15,6 +15,8 @@ Map:
                          per program: sum and max of its statement features, weighted squared loss) or "rank"
                          (the same rows, rank:pairwise per task; slow)
   pair_weights(y)        packrank's weights of the pairs of one task (fast programs and far-apart pairs count more)
+  monotone_constraints(mode)   XGBoost's monotone constraints of every mode: the score may only fall as a program's
+                         estimated time rises (the est_* columns of features.MONOTONE_DECREASING; feature version 5)
     .fit(samples, feats=None) .update(samples) .predict(task, schedules) .predict_features(feats)
     .save(path) CostModel.load(path)
   load_model_file(path)  CostModel.load with the checks (corrupt / other format / version -> InputError)
