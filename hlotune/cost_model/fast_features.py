@@ -800,6 +800,7 @@ def batch_features(cd: ComputeDef, schedules, workload_key: str | None = None) -
 
 def _batch_features(cd: ComputeDef, schedules, workload_key: str | None) -> list[np.ndarray | None]:
     key_cd = workload_key or cd.name + str(id(cd))
+    ideal = ideal_log2(cd)          # once per batch: every schedule of it, template or exact path, uses it
     groups: dict[tuple, tuple[list[int], list[list]]] = {}
     for i, s in enumerate(schedules):
         if len(_TOKENS) >= _MAX_TOKENS:          # tokens are keys of _TEMPLATES: forget both together
@@ -828,20 +829,19 @@ def _batch_features(cd: ComputeDef, schedules, workload_key: str | None) -> list
                     if idx:
                         nests = tpl.instantiate(F[~bad])[0]
                     for i in rest:
-                        out[i] = exact_features(cd, schedules[i])
+                        out[i] = exact_features(cd, schedules[i], ideal)
                 if idx:
                     done.append((idx, nests))
                 continue
             except Unsupported:
                 pass
         for i in idx:
-            out[i] = exact_features(cd, schedules[i])
+            out[i] = exact_features(cd, schedules[i], ideal)
     buckets: dict[tuple, list[tuple[int, int]]] = {}
     for g, (_idx, nests) in enumerate(done):
         for j, nst in enumerate(nests):
             buckets.setdefault(nest_signature(nst), []).append((g, j))
     rows_of: dict[tuple[int, int], np.ndarray] = {}
-    ideal = ideal_log2(cd) if done else 0.0
     for members in buckets.values():
         nests = [done[g][1][j] for g, j in members]
         X = log_scale(store_features(stack_nests(nests)))
@@ -860,9 +860,11 @@ def _batch_features(cd: ComputeDef, schedules, workload_key: str | None) -> list
     return out
 
 
-def exact_features(cd: ComputeDef, sched) -> np.ndarray | None:
-    """Exact path for one schedule: lower, then features_of_func (None when the schedule does not lower)."""
+def exact_features(cd: ComputeDef, sched, ideal: float | None = None) -> np.ndarray | None:
+    """Exact path for one schedule: lower, then features_of_func (None when the schedule does not lower);
+    `ideal`: `ideal_log2(cd)` when the caller has it."""
     try:
-        return features_of_func(lower(cd, getattr(sched, "steps", sched)), ideal_log2(cd))
+        return features_of_func(lower(cd, getattr(sched, "steps", sched)),
+                                ideal_log2(cd) if ideal is None else ideal)
     except HlotuneError:
         return None

@@ -799,6 +799,9 @@ _EST_LINES = [_COL[f"B{b}.lines"] for b in range(TOP_BUFFERS)]
 _EST_ONE = [_COL[n] for n in ("vec_ok", "vec_len", "par_extent", "par_balance", "l2_fit_prod", "par_launches",
                              "l1_fit_prod")]
 _EST_IN = _EST_OPS + _EST_UNIQ + _EST_LINES + _EST_ONE     # the columns read, gathered in one call
+#: the est_rel_* columns' est_* columns, as positions among est_compute .. est_ops_lane
+_EST_REL = [_COL["est_" + n[len("est_rel_"):]] - _COL["est_compute"]
+            for n in ("est_rel_stmt", "est_rel_prog", "est_rel_compute", "est_rel_memory")]
 
 
 def add_estimates(X: np.ndarray, ideal: float) -> np.ndarray:
@@ -823,8 +826,8 @@ def add_estimates(X: np.ndarray, ideal: float) -> np.ndarray:
     cols = np.stack([t_cmp, t_mem, t_par + 1e-9, est, prog, lines / thr, lines / np.maximum(l1fit, 1.0),
                      flops / lane_use], axis=-1)
     cols = np.log2(1e-12 + cols)
-    X[..., _COL[_EST_TABLE[0][0]]:_COL[_EST_TABLE[0][0]] + 8] = cols
-    X[..., _COL["est_rel_stmt"]:_COL["est_rel_memory"] + 1] = cols[..., [3, 4, 0, 1]] - ideal
+    X[..., _COL["est_compute"]:_COL["est_ops_lane"] + 1] = cols
+    X[..., _COL["est_rel_stmt"]:_COL["est_rel_memory"] + 1] = cols[..., _EST_REL] - ideal
     return X
 
 

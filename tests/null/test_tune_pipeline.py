@@ -95,9 +95,9 @@ def test_pipelined_and_sequential_measure_the_same_number_of_distinct_schedules(
                 assert len(meas.seen) == len(keys) == 60
             got[mode] = rep.subgraphs[0].best_s
         ratios.append(got["on"] / got["off"])
-    # the pipelined search learns one batch later, but finds schedules of the same quality: within 2x on the median
-    # seed (one seed alone swings past 2x either way: 2.04x and 2.38x were seen, with feature versions 4 and 5)
-    assert 0.5 <= sorted(ratios)[len(ratios) // 2] <= 2.0, ratios
+    # the pipelined search learns one batch later, but finds schedules of the same quality: within 1.5x on the median
+    # seed, within 3x on every one (one seed alone swings past 2x: 2.04x and 2.38x were seen, feature versions 4, 5)
+    assert 1 / 1.5 <= sorted(ratios)[len(ratios) // 2] <= 1.5 and all(1 / 3 <= r <= 3 for r in ratios), ratios
 
 
 def test_seeded_pipelined_runs_propose_the_same_candidates(model, tmp_path):
