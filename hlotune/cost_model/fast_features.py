@@ -46,12 +46,14 @@ from .features import (
     Access,
     StoreNest,
     _nbytes,
+    add_estimates,
     add_program_features,
     count_ops,
     features_of_func,
     ideal_log2,
     log_scale,
     nest_signature,
+    nests_of_func,
     stack_nests,
     store_features,
 )
@@ -829,14 +831,14 @@ def _batch_features(cd: ComputeDef, schedules, workload_key: str | None) -> list
                     if idx:
                         nests = tpl.instantiate(F[~bad])[0]
                     for i in rest:
-                        out[i] = exact_features(cd, schedules[i], ideal)
+                        _lowered(cd, schedules[i], i, done)
                 if idx:
                     done.append((idx, nests))
                 continue
             except Unsupported:
                 pass
         for i in idx:
-            out[i] = exact_features(cd, schedules[i], ideal)
+            _lowered(cd, schedules[i], i, done)
     buckets: dict[tuple, list[tuple[int, int]]] = {}
     for g, (_idx, nests) in enumerate(done):
         for j, nst in enumerate(nests):
@@ -850,14 +852,36 @@ def _batch_features(cd: ComputeDef, schedules, workload_key: str | None) -> list
             k = nst.ext.shape[0]
             rows_of[(g, j)] = X[at:at + k]
             at += k
+    by_len: dict[int, list[tuple[list[int], np.ndarray]]] = {}
     for g, (idx, nests) in enumerate(done):
-        # per structure (not all programs of equal length at once): numpy's sums over a program's rows take
-        # another order in a larger array, which changes prog_* columns in the last bit
-        X = add_program_features(np.stack([rows_of[(g, j)] for j in range(len(nests))], axis=1), ideal) if nests else \
+        # prog_* per structure (not all programs of equal length at once): numpy's sums over a program's rows
+        # take another order in a larger array, which changes them in the last bit
+        X = add_program_features(np.stack([rows_of[(g, j)] for j in range(len(nests))], axis=1), None) if nests else \
             np.zeros((len(idx), 0, NUM_FEATURES))
-        for j, i in enumerate(idx):
-            out[i] = X[j]
+        by_len.setdefault(X.shape[1], []).append((idx, X))
+    for S, parts in by_len.items():
+        # the estimates (row by row, and sums over one program's S rows) of all programs of S statements at once:
+        # one numpy call per program length instead of one per structure (small batches hold hundreds of them)
+        X = np.concatenate([x for _, x in parts]) if len(parts) > 1 else parts[0][1]
+        if S:
+            add_estimates(X, ideal)
+        at = 0
+        for idx, _x in parts:
+            for i in idx:
+                out[i] = X[at]
+                at += 1
     return out
+
+
+def _lowered(cd: ComputeDef, sched, i: int, done: list) -> None:
+    """The exact path inside a batch: schedule i lowered one by one, its statements (N = 1 each) added to `done` as a
+    group of its own, so that they are featurized together with every other statement of their shape in the batch
+    (one numpy call per shape, not one per statement); left None when it does not lower."""
+    try:
+        nests = nests_of_func(lower(cd, getattr(sched, "steps", sched)))
+    except HlotuneError:
+        return
+    done.append(([i], nests))
 
 
 def exact_features(cd: ComputeDef, sched, ideal: float | None = None) -> np.ndarray | None:

@@ -758,11 +758,11 @@ def _nbytes(dt: DType) -> int:
         return 1
 
 
-def add_program_features(X: np.ndarray, ideal: float) -> np.ndarray:
+def add_program_features(X: np.ndarray, ideal: float | None) -> np.ndarray:
     """Fill the prog_* columns of log-scaled statement rows X (..., S, NUM_FEATURES), in place: aggregates over
     the S statements of each program, the same value in each of its rows (so a per-statement model sees the
-    whole program); then the est_* columns (`add_estimates`, against `ideal`, the workload's `ideal_log2`).
-    Returns X."""
+    whole program); then the est_* columns (`add_estimates`, against `ideal`, the workload's `ideal_log2`; None:
+    left for the caller, which computes them for many structures' programs at once).  Returns X."""
     if X.shape[-2] == 0:
         return X
     raw = lambda cols: np.exp2(np.abs(X[..., cols])) - 1.0     # noqa: E731 - inverse of log_scale (counts >= 0)
@@ -771,7 +771,7 @@ def add_program_features(X: np.ndarray, ideal: float) -> np.ndarray:
     byts = raw([_COL[f"B{b}.bytes"] for b in range(TOP_BUFFERS)]).sum(axis=(-1, -2))
     prog = np.stack([np.full(ops.shape, float(X.shape[-2])), ops, outer, byts, ops / np.maximum(byts, 1.0)], axis=-1)
     X[..., _COL["prog_statements"]:_COL["prog_intensity"] + 1] = log_scale(prog)[..., None, :]
-    return add_estimates(X, ideal)
+    return X if ideal is None else add_estimates(X, ideal)
 
 
 #: the estimate's machine constants (per thread; `machine()` gives the threads and lanes): operations per second
