@@ -178,6 +178,17 @@ def trajectory(db_path: str, target: Target) -> tuple[list[float], list]:
     return costs, out
 
 
+#: issue 6: 90 % of the final best within this fraction of the trials
+EARLY_FRACTION = 0.15
+
+
+def _best_within(costs: list[float], recs: list, fraction: float):
+    """The record of the best valid trial among the first `fraction` of a run's trials (None: none valid)."""
+    k = max(1, int(len(costs) * fraction))
+    valid = [(c, r) for c, r in zip(costs[:k], recs[:k]) if math.isfinite(c)]
+    return min(valid, key=lambda t: t[0])[1] if valid else None
+
+
 def trials_to_90(costs: list[float]) -> int | None:
     """First trial (1-based) whose best-so-far is within 90% of the final best's speed."""
     final = min(costs, default=math.inf)
@@ -224,6 +235,11 @@ def remeasure(a, subs, target: Target, state: dict, out: Path) -> None:
                 cands.setdefault(s.key, s)
                 who[rid] = s.key
                 r["best_key"] = s.key
+                early = _best_within(costs, recs, EARLY_FRACTION)   # the run's best after 15 % of its trials
+                if early is not None:
+                    e = schedule_of(early)
+                    cands.setdefault(e.key, e)
+                    r["early_key"] = e.key
                 r["t90"] = trials_to_90(costs)
                 r["n_records"] = len(costs)
                 r["curve"] = [min(costs[:i]) for i in (1, 2, 5, 10, 16, 32, 48, 64, 96, 128, 200) if i <= len(costs)]
@@ -287,6 +303,11 @@ def round_time(a, subs, target: Target, state: dict, out: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- 4. report
+
+def _ratio(final: float | None, early: float | None) -> float | None:
+    """Speed of the early schedule as a fraction of the final one's (latencies final / early)."""
+    return final / early if final and early else None
+
 
 def _t90_of(costs: list[float], goal: float) -> int | None:
     """First trial (1-based) whose best-so-far is within 90% of `goal`'s speed (None: never)."""
@@ -421,21 +442,32 @@ def report(a, state: dict, command: str) -> str:
         for p in POLICIES:
             t90 = [v.get("t90") for v in mine[p]]
             n = [v.get("n_records") for v in mine[p]]
-            t90_rows.append((label, p, t90, n, [v.get("curve") for v in mine[p]]))
+            early = [_ratio(med.get(v.get("best_key")), med.get(v.get("early_key"))) for v in mine[p]]
+            t90_rows.append((label, p, t90, n, early))
     L.append("")
     L.append("Trials to reach 90% of the run's own final best (in-run figures, records in measured order; trial 1 "
              "is the default schedule, so a 1 means the default was already within 90% of what the run found "
              "and the target is met trivially), per seed; target: within the first 15% of the trials:\n")
-    L.append("| subgraph | policy | trials to 90% (per seed) | of trials | ≤15%? |")
-    L.append("|---|---|---|---|---|")
-    evo15 = []
-    for label, p, t90, n, _ in t90_rows:
+    L.append("The last two columns re-measure instead: the run's best schedule among its first 15% of trials beside "
+             "its final best, in the re-measure batches above (the speed of the early one as a fraction of the "
+             "final one's; ≥ 0.90 meets the target).  The in-run figure compares a schedule timed once against the "
+             "fastest of ~200 timings, which the noise favours; the re-measured one does not.\n")
+    L.append("| subgraph | policy | trials to 90% (per seed) | of trials | ≤15%? | re-measured: best of the first 15% "
+             "/ final (per seed) | ≥0.90? |")
+    L.append("|---|---|---|---|---|---|---|")
+    evo15, evo15r = [], []
+    for label, p, t90, n, early in t90_rows:
         fr = [t / k for t, k in zip(t90, n) if t and k]
         ok = all(f <= 0.15 for f in fr) if fr else None
+        er = [x for x in early if x is not None]
+        ok_r = all(x >= 0.9 for x in er) if er else None
         if p == "evolutionary":
             evo15.extend(f <= 0.15 for f in fr)
+            evo15r.extend(x >= 0.9 for x in er)
         L.append(f"| {label} | {p} | {', '.join(str(t) for t in t90)} | {', '.join(str(k) for k in n)} | "
-                 f"{'yes' if ok else 'no' if ok is not None else '—'} |")
+                 f"{'yes' if ok else 'no' if ok is not None else '—'} | "
+                 f"{', '.join('—' if x is None else f'{x:.2f}' for x in early)} | "
+                 f"{'yes' if ok_r else 'no' if ok_r is not None else '—'} |")
     if state.get("cold_runs"):
         L += transfer_rows(state, rem)
     rt = state.get("round_time")
@@ -456,7 +488,9 @@ def report(a, state: dict, command: str) -> str:
              f"{'' if a.trials >= 200 else ', not 200'}).")
     if evo15:
         L.append(f"- 90% of its own final best within the first 15% of its trials: {sum(evo15)} of {len(evo15)} "
-                 f"evolutionary runs -> {'MET' if all(evo15) else 'NOT MET'}.")
+                 f"evolutionary runs by the in-run timings -> {'MET' if all(evo15) else 'NOT MET'}"
+                 + (f"; re-measured: {sum(evo15r)} of {len(evo15r)} -> {'MET' if all(evo15r) else 'NOT MET'}"
+                    if evo15r else "") + ".")
     if rt:
         worst = max(r["wall_s"] for r in rt["rounds"])
         L.append(f"- One round ≤ 10 s on dense+bias+relu: slowest of {len(rt['rounds'])} rounds {worst:.2f} s -> "

@@ -54,11 +54,21 @@ def _locals(func):
     return [s for s in walk_stmts(func.body) if isinstance(s, Allocate) and s.buffer.endswith(".local")]
 
 
+CONV_N3 = """HloModule m
+
+ENTRY main {
+  x = f32[2,16,16,8] parameter(0)
+  w = f32[3,3,8,3] parameter(1)
+  ROOT c = f32[2,16,16,3] convolution(x, w), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+}
+"""
+
 TILED = {   # name: (HLO, rows of the tile, parallel?)
     "logits_256x512x10": (_dot((256, 512), (512, 10), (256, 10), 1, 0), SMALL_N_ROWS, True),
     "rows_30_n3": (_dot((30, 64), (64, 3), (30, 3), 1, 0), 15, False),
     "batched_n5": (_dot((4, 48, 96), (4, 96, 5), (4, 48, 5), 2, 1, "0", "0"), SMALL_N_ROWS, True),
     "rows_7_n13": (_dot((7, 200), (200, 13), (7, 13), 1, 0), 7, False),
+    "padded_conv_3_channels": (CONV_N3, 16, True),     # rows: the 12 output columns; batch: images x rows
 }
 
 
