@@ -81,8 +81,11 @@ def test_sigkill_then_resume(tmp_path):
 def test_sigint_stops_cleanly(tmp_path, pipeline):
     """Also pipelined (the next batch searched while one is measured in a background thread)."""
     db, logs = str(tmp_path / "i.db"), str(tmp_path / "logs")
+    # SIGINT as a terminal's Ctrl-C would find it: a suite started as a background job of a non-interactive shell
+    # has it ignored, which the child would inherit (and Python, rightly, then leaves it ignored)
     proc = subprocess.Popen(_cmd(db, logs, 200), env=dict(ENV, HLOTUNE_TUNE_PIPELINE=pipeline),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_batches(logs, 2, proc)
         proc.send_signal(signal.SIGINT)
