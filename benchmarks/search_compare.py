@@ -242,7 +242,6 @@ def remeasure(a, subs, target: Target, state: dict, out: Path) -> None:
                     r["early_key"] = e.key
                 r["t90"] = trials_to_90(costs)
                 r["n_records"] = len(costs)
-                r["curve"] = [min(costs[:i]) for i in (1, 2, 5, 10, 16, 32, 48, 64, 96, 128, 200) if i <= len(costs)]
             keys = list(cands)
             per: dict[str, list[float]] = {k: [] for k in keys}
             t0 = time.perf_counter()

@@ -884,11 +884,10 @@ def _lowered(cd: ComputeDef, sched, i: int, done: list) -> None:
     done.append(([i], nests))
 
 
-def exact_features(cd: ComputeDef, sched, ideal: float | None = None) -> np.ndarray | None:
-    """Exact path for one schedule: lower, then features_of_func (None when the schedule does not lower);
-    `ideal`: `ideal_log2(cd)` when the caller has it."""
+def exact_features(cd: ComputeDef, sched) -> np.ndarray | None:
+    """Exact path for one schedule: lower, then features_of_func (None when the schedule does not lower); the
+    reference the batch path is checked against."""
     try:
-        return features_of_func(lower(cd, getattr(sched, "steps", sched)),
-                                ideal_log2(cd) if ideal is None else ideal)
+        return features_of_func(lower(cd, getattr(sched, "steps", sched)), ideal_log2(cd))
     except HlotuneError:
         return None

@@ -320,14 +320,16 @@ def _consumers(cd: ComputeDef) -> dict[str, list[str]]:
     return out
 
 
-def _is_tiled_reduction(stage: Stage, lanes: int) -> bool:
-    """A dot- or conv-like reduction: a product of loads, two or more space axes, the last
-    one at least a vector wide."""
-    if not stage.is_reduction or len(stage.axes) < 2 or not _vector_width(stage.axes[-1].extent, lanes):
-        return False
-    if stage.reducer is None or stage.reducer.op is not Op.ADD:
+def _is_dot_like(stage: Stage) -> bool:
+    """A dot- or conv-like reduction: a sum of products of loads over two or more space axes."""
+    if not stage.is_reduction or len(stage.axes) < 2 or stage.reducer is None or stage.reducer.op is not Op.ADD:
         return False
     return any(isinstance(e, Binary) and e.op is Op.MULTIPLY for e in walk(stage.body))
+
+
+def _is_tiled_reduction(stage: Stage, lanes: int) -> bool:
+    """A dot-like reduction (`_is_dot_like`) whose last space axis is at least a vector wide."""
+    return _is_dot_like(stage) and bool(_vector_width(stage.axes[-1].extent, lanes))
 
 
 def _fusable_producer(cd: ComputeDef, stage: Stage, consumers: dict[str, list[str]]) -> Stage | None:
@@ -406,14 +408,12 @@ def _tiled_pair(out: str, red: str, axes, red_stage: Stage, lanes: int) -> list[
 
 
 def _small_n_dot(stage: Stage, lanes: int) -> bool:
-    """A dot-like reduction (`_is_tiled_reduction`'s form) whose last space axis j is narrower than a vector and
-    takes no power-of-two vector (N = 10 logits): B is read contiguously along j, A not indexed by j."""
-    if not stage.is_reduction or len(stage.axes) < 2 or stage.reducer is None or stage.reducer.op is not Op.ADD:
+    """A dot-like reduction (`_is_dot_like`) whose last space axis j is narrower than a vector and takes no
+    power-of-two vector (N = 10 logits): B is read contiguously along j, A not indexed by j."""
+    if not _is_dot_like(stage):
         return False
     J = stage.axes[-1].extent
     if not 2 <= J < lanes or _vector_width(J, lanes):
-        return False
-    if not any(isinstance(e, Binary) and e.op is Op.MULTIPLY for e in walk(stage.body)):
         return False
     j = stage.axes[-1].name
     b_ok = False
@@ -436,10 +436,9 @@ def _small_n_tile(stage: Stage, names: set[str]) -> list[Step]:
     *batch, ax_i, ax_j = stage.axes
     i, j = ax_i.name, ax_j.name
     mr = _divisor_at_most(ax_i.extent, SMALL_N_ROWS)
-    steps: list[Step] = [CacheWrite(name, "local")]
+    steps: list[Step] = [CacheWrite(name, "local"), Split(name, i, (mr,))]
     local = _fresh_name(names, name + ".local")
     outer = [a.name for a in batch] + [f"{i}.0"]
-    steps += [Split(name, i, (mr,))]
     if len(outer) > 1:
         steps.append(Fuse(name, tuple(outer)))
     fused = "@".join(outer)

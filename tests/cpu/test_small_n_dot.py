@@ -15,23 +15,10 @@ from hlotune.schedule_space.default import SMALL_N_ROWS, _small_n_dot, default_s
 from hlotune.schedule_space.loop_ir import Allocate, For, ForKind, walk_stmts
 from hlotune.schedule_space.lower import lower
 from hlotune.target import Target
+from tests.cpu.test_gemm_panel import _dot
 
 #: 16 lanes of float32 whatever the CI host has (wider vectors are split by LLVM there; the results still hold)
 WIDE = dataclasses.replace(Target.host_cpu(), cores=2, vector_bits=512)
-
-
-def _dot(lhs, rhs, out, lc, rc, lb="", rb="", epilogue=False):
-    dims = f"lhs_contracting_dims={{{lc}}}, rhs_contracting_dims={{{rc}}}"
-    if lb:
-        dims = f"lhs_batch_dims={{{lb}}}, rhs_batch_dims={{{rb}}}, " + dims
-    s = lambda t: "f32[" + ",".join(map(str, t)) + "]"   # noqa: E731
-    body = [f"  a = {s(lhs)} parameter(0)", f"  b = {s(rhs)} parameter(1)"]
-    if epilogue:
-        body += [f"  c = {s(out[-1:])} parameter(2)", f"  d = {s(out)} dot(a, b), {dims}",
-                 f"  e = {s(out)} broadcast(c), dimensions={{{len(out) - 1}}}", f"  ROOT f = {s(out)} add(d, e)"]
-    else:
-        body.append(f"  ROOT d = {s(out)} dot(a, b), {dims}")
-    return "HloModule m\n\nENTRY main {\n" + "\n".join(body) + "\n}\n"
 
 
 def _compute(text):
@@ -103,7 +90,8 @@ def test_other_dots_keep_their_plans(text):
 
 
 def test_small_n_dot_with_a_consumer_and_host_lanes():
-    """A bias after the dot (the consumer cannot host the tile: the dot gets its own), and the host's own lanes."""
+    """A bias and relu after the dot (the consumer cannot host the tile: the dot gets its own), and the host's own
+    lanes."""
     cd = _compute(_dot((64, 128), (128, 6), (64, 6), 1, 0, epilogue=True))
     func = lower(cd, default_schedule(cd, WIDE))
     assert [tuple(a.shape) for a in _locals(func)] == [(SMALL_N_ROWS, 6)]     # the dot's own tile
