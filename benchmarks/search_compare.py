@@ -64,6 +64,12 @@ SUBGRAPHS = (
     ("mlp_grad_dot_6", "mlp_train_step", "bench.hlo", "dot_general.6", "a small dot of mlp_train_step"),
     ("mlp_grad_input_fusion_1", "mlp_train_step", "bench.hlo", "input_fusion.1",
      "a reduction fusion of mlp_train_step"),
+    # session 17's evolutionary scan (benchmarks/weak_default_scan.py --policy evolutionary): test-size subgraphs
+    # whose default 48 evolutionary trials beat by 1.2x or more and 48 random trials did not
+    ("matmul_test", "matmul", "hlo", "dot_general.1", "C[64,32] = A[64,48] @ B[48,32] (test size)"),
+    ("dense_bias_relu_test", "dense_bias_relu", "hlo", "max.3", "relu(X[16,64] @ W[64,32] + b) (test size)"),
+    ("mlp_grad_reduce_test", "mlp_train_step", "hlo", "reduce_sum.70",
+     "a bias-gradient reduction fusion of mlp_train_step (test size)"),
 )
 TUNE_TIMING = TimingConfig(warmup_ms=2.0, repeats=3, min_repeat_ms=5.0)
 REMEASURE_TIMING = TimingConfig(warmup_ms=10.0, repeats=5, min_repeat_ms=10.0)

@@ -751,10 +751,39 @@ _TEMPLATES: dict[tuple, Template | None] = {}
 _MAX_TEMPLATES = 4096
 
 
-def _template(cd: ComputeDef, key_cd: str, sched, skey: tuple | None = None) -> Template | None:
+#: a structure gets a template once this many candidates of it were asked for (in this batch and earlier
+#: ones); fewer go the exact path.  A template costs about two lowerings to build, and one with fixed splits
+#: (an rfactor) about ten more to verify unless its blanked structure was verified already, while the exact
+#: path costs one lowering per candidate: small workloads' populations (a log-softmax of [8, 10]) hold
+#: thousands of structures of one or two candidates each, and templates for all of them made a round take
+#: minutes
+TEMPLATE_MIN_USES = 3
+RFACTOR_TEMPLATE_MIN_USES = 12
+_USES: dict[tuple, int] = {}
+
+
+def _worth_a_template(key: tuple, n: int, sched) -> bool:
+    """Whether the structure `key`, asked for `n` candidates now, should get a template (see TEMPLATE_MIN_USES)."""
+    if len(_USES) >= _MAX_TEMPLATES:
+        _USES.clear()
+    uses = _USES[key] = _USES.get(key, 0) + n
+    steps = tuple(getattr(sched, "steps", sched))
+    if not _fixed_splits(steps):
+        return uses >= TEMPLATE_MIN_USES
+    verdict = _RF_VERDICT.get((key[0], tuple(_token(s) for s in steps)))
+    if verdict is None:
+        return uses >= RFACTOR_TEMPLATE_MIN_USES
+    return verdict and uses >= TEMPLATE_MIN_USES
+
+
+def _template(cd: ComputeDef, key_cd: str, sched, skey: tuple | None = None, n: int = 0) -> Template | None:
+    """The template of `sched`'s structure (None: it has none, or `n` > 0 candidates of it are not yet worth
+    one: `_worth_a_template`; the caller takes the exact path)."""
     key = (key_cd, key_and_row(sched)[0] if skey is None else skey)
     tpl = _TEMPLATES.get(key, _TEMPLATES)
     if tpl is _TEMPLATES:
+        if n and not _worth_a_template(key, n, sched):
+            return None
         if len(_TEMPLATES) >= _MAX_TEMPLATES:
             _TEMPLATES.clear()
         try:
@@ -810,6 +839,7 @@ def _batch_features(cd: ComputeDef, schedules, workload_key: str | None) -> list
             _BY_ID.clear()
             _TEMPLATES.clear()
             _RF_VERDICT.clear()
+            _USES.clear()
         k, row = key_and_row(s)
         g = groups.get(k)
         if g is None:
@@ -820,7 +850,7 @@ def _batch_features(cd: ComputeDef, schedules, workload_key: str | None) -> list
     out: list[np.ndarray | None] = [None] * len(schedules)
     done: list[tuple[list[int], list[StoreNest]]] = []
     for k, (idx, rows) in groups.items():
-        tpl = _template(cd, key_cd, schedules[idx[0]], k)
+        tpl = _template(cd, key_cd, schedules[idx[0]], k, len(idx))
         if tpl is not None:
             try:
                 F = np.array(rows, dtype=np.float64) if tpl.refs else np.zeros((len(idx), 0))

@@ -20,6 +20,17 @@ F32, I = DType.F32, DType.S64
 COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
 
 
+@pytest.fixture(autouse=True)
+def _every_structure_gets_a_template(monkeypatch):
+    """The fast-path tests below hold few schedules per structure: let every structure have its template (the
+    search builds one only for structures asked for often: `fast_features.TEMPLATE_MIN_USES`), so they check
+    the templates against the exact path, not the exact path against itself."""
+    from hlotune.cost_model import fast_features
+
+    monkeypatch.setattr(fast_features, "TEMPLATE_MIN_USES", 1)
+    monkeypatch.setattr(fast_features, "RFACTOR_TEMPLATE_MIN_USES", 1)
+
+
 def _v(n):
     return Var(n, I)
 
@@ -353,3 +364,38 @@ def test_rfactor_schedules_fast_path(name, kind):
     assert checked > 0
     if name != "softmax":
         assert built == checked
+
+
+def test_templates_only_for_structures_asked_for_often(monkeypatch):
+    """With the search's thresholds, a structure gets its template once TEMPLATE_MIN_USES candidates of it were
+    asked for (across batches), one with an rfactor once RFACTOR_TEMPLATE_MIN_USES were (or fewer once its
+    blanked structure is verified); until then its candidates take the exact path.  Features are the exact
+    path's either way."""
+    from hlotune.cost_model import fast_features as ff
+    from hlotune.schedule_space.steps import RFactor
+
+    monkeypatch.setattr(ff, "TEMPLATE_MIN_USES", 3)
+    monkeypatch.setattr(ff, "RFACTOR_TEMPLATE_MIN_USES", 5)
+    m = hlotune.load_model(model_path("mlp_train_step", "hlo"))
+    cases = 0
+    for sg in m.frontend.subgraphs:
+        cd, key = sg.workload.compute, sg.workload.key + "-min-uses-test"
+        rng = np.random.default_rng(4)
+        base = default_schedule(cd, _T)
+        vs = [Schedule(sg.workload.key, s) for s in factor_variants(cd, base, rng, 8)]
+        vs = list({ff.key_and_row(s)[1].__repr__(): s for s in vs}.values())   # distinct factor rows
+        if len(vs) < 6 or len({ff.key_and_row(s)[0] for s in vs}) != 1:
+            continue
+        rf = any(isinstance(x, RFactor) for x in base)
+        need = 5 if rf else 3
+        tkey = (key, ff.key_and_row(vs[0])[0])
+        for i, s in enumerate(vs[:need]):
+            (fast,) = batch_features(cd, [s], key)
+            np.testing.assert_allclose(fast, exact_features(cd, s), atol=1e-6)
+            built = tkey in ff._TEMPLATES
+            assert built == (i + 1 >= need), (sg.name, i, rf)
+        got = batch_features(cd, vs[need:], key)
+        for s, fast in zip(vs[need:], got):
+            np.testing.assert_allclose(fast, exact_features(cd, s), atol=1e-6)
+        cases += 1
+    assert cases >= 2
