@@ -752,12 +752,12 @@ _MAX_TEMPLATES = 4096
 
 
 #: a structure gets a template once this many candidates of it were asked for (in this batch and earlier
-#: ones); fewer go the exact path.  A template costs about two lowerings to build, and one with fixed splits
-#: (an rfactor) about ten more to verify unless its blanked structure was verified already, while the exact
-#: path costs one lowering per candidate: small workloads' populations (a log-softmax of [8, 10]) hold
-#: thousands of structures of one or two candidates each, and templates for all of them made a round take
-#: minutes
-TEMPLATE_MIN_USES = 3
+#: ones); until then they take the exact path (one lowering each).  A plain template costs about one lowering to
+#: build, so plain structures get one at once (1; 3 measured 10-14 % slower on bench dense_bias_relu's 279
+#: structures in 4,000 schedules).  One with fixed splits (an rfactor) costs about ten lowerings more to verify,
+#: once per blanked structure: small workloads' populations (a log-softmax of [8, 10]) hold thousands of rfactor
+#: structures of one or two candidates each, and verifying all of them made a search round take a minute
+TEMPLATE_MIN_USES = 1
 RFACTOR_TEMPLATE_MIN_USES = 12
 _USES: dict[tuple, int] = {}
 
