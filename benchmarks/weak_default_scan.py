@@ -1,4 +1,4 @@
-"""Which fused subgraphs of the fixture models have a default schedule that random search beats by far?
+"""Which fused subgraphs of the fixture models have a default schedule that random (or evolutionary) search beats?
 
     .venv/bin/python benchmarks/weak_default_scan.py [--kinds hlo bench.hlo] [--trials 48] [--out logs/scan]
 
@@ -55,9 +55,7 @@ def scan(a) -> dict:
             for sg in hlotune.load_model(str(path)).frontend.subgraphs:
                 label = f"{model}.{kind.split('.')[0]}.{sg.name}"
                 tasks = tasks_from_subgraphs((sg,), target)
-                if not tasks or label in state:
-                    continue
-                if tasks[0].key in seen:
+                if not tasks or label in state or tasks[0].key in seen:
                     continue
                 seen.add(tasks[0].key)
                 t0 = time.perf_counter()
@@ -83,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kinds", nargs="+", default=["hlo", "bench.hlo"], help="fixture files: hlo (test size), bench.hlo")
     p.add_argument("--models", nargs="*", default=[], help="only these fixture models (default: all)")
-    p.add_argument("--trials", type=int, default=48, help="random trials per subgraph (the default is trial 1)")
+    p.add_argument("--trials", type=int, default=48, help="trials per subgraph (the default is trial 1)")
     p.add_argument("--budget", type=float, default=90.0, help="seconds of tuning per subgraph at most")
     p.add_argument("--max-default-ms", type=float, default=2.0, help="skip subgraphs whose default is slower")
     p.add_argument("--policy", default="random", help="random (a weak default) or evolutionary (a beatable one)")

@@ -751,29 +751,36 @@ _TEMPLATES: dict[tuple, Template | None] = {}
 _MAX_TEMPLATES = 4096
 
 
-#: a structure gets a template once this many candidates of it were asked for (in this batch and earlier
-#: ones); until then they take the exact path (one lowering each).  A plain template costs about one lowering to
-#: build, so plain structures get one at once (1; 3 measured 10-14 % slower on bench dense_bias_relu's 279
-#: structures in 4,000 schedules).  One with fixed splits (an rfactor) costs about ten lowerings more to verify,
-#: once per blanked structure: small workloads' populations (a log-softmax of [8, 10]) hold thousands of rfactor
-#: structures of one or two candidates each, and verifying all of them made a search round take a minute
-TEMPLATE_MIN_USES = 1
+#: an rfactor template (fixed splits) is trusted only once verified against the exact path, about ten
+#: lowerings, once per blanked structure (`_rfactor_verdict`).  A blanked structure not yet verified waits until this
+#: many of its candidates (any choice of the fixed factors, this batch and earlier ones) were asked for; until then
+#: they take the exact path, one lowering each.  Small workloads' populations (a log-softmax of [8, 10]) hold
+#: thousands of rfactor structures of one or two candidates each: verifying every one made a search round take a
+#: minute.  Plain templates cost about one lowering to build and are built at once (waiting for 3 candidates
+#: measured 10-14 % slower on bench dense_bias_relu).
 RFACTOR_TEMPLATE_MIN_USES = 12
-_USES: dict[tuple, int] = {}
+_RF_USES: dict[tuple, int] = {}    # blanked structure (as `_RF_VERDICT`'s key) -> candidates asked for so far
 
 
-def _worth_a_template(key: tuple, n: int, sched) -> bool:
-    """Whether the structure `key`, asked for `n` candidates now, should get a template (see TEMPLATE_MIN_USES)."""
-    if len(_USES) >= _MAX_TEMPLATES:
-        _USES.clear()
-    uses = _USES[key] = _USES.get(key, 0) + n
+def _blanked(key_cd: str, steps: tuple) -> tuple:
+    """(workload, tokens of the steps with every factor blanked): the key of `_RF_VERDICT` and `_RF_USES`."""
+    return key_cd, tuple(_token(s) for s in steps)
+
+
+def _worth_a_template(key_cd: str, n: int, sched) -> bool:
+    """Whether `sched`'s structure, asked for `n` candidates now, should get a template: plain ones at once, rfactor
+    ones once verified good (never once verified bad), or when not yet verified after RFACTOR_TEMPLATE_MIN_USES."""
     steps = tuple(getattr(sched, "steps", sched))
     if not _fixed_splits(steps):
-        return uses >= TEMPLATE_MIN_USES
-    verdict = _RF_VERDICT.get((key[0], tuple(_token(s) for s in steps)))
-    if verdict is None:
-        return uses >= RFACTOR_TEMPLATE_MIN_USES
-    return verdict and uses >= TEMPLATE_MIN_USES
+        return True
+    k = _blanked(key_cd, steps)
+    verdict = _RF_VERDICT.get(k)
+    if verdict is not None:
+        return verdict
+    if len(_RF_USES) >= _MAX_TEMPLATES:
+        _RF_USES.clear()
+    uses = _RF_USES[k] = _RF_USES.get(k, 0) + n
+    return uses >= RFACTOR_TEMPLATE_MIN_USES
 
 
 def _template(cd: ComputeDef, key_cd: str, sched, skey: tuple | None = None, n: int = 0) -> Template | None:
@@ -782,7 +789,7 @@ def _template(cd: ComputeDef, key_cd: str, sched, skey: tuple | None = None, n: 
     key = (key_cd, key_and_row(sched)[0] if skey is None else skey)
     tpl = _TEMPLATES.get(key, _TEMPLATES)
     if tpl is _TEMPLATES:
-        if n and not _worth_a_template(key, n, sched):
+        if n and not _worth_a_template(key_cd, n, sched):
             return None
         if len(_TEMPLATES) >= _MAX_TEMPLATES:
             _TEMPLATES.clear()
@@ -803,7 +810,7 @@ _RF_VERDICT: dict[tuple, bool] = {}
 
 def _rfactor_verdict(tpl: Template, key_cd: str, sched) -> bool:
     steps = tuple(getattr(sched, "steps", sched))
-    k = (key_cd, tuple(_token(s) for s in steps))
+    k = _blanked(key_cd, steps)
     ok = _RF_VERDICT.get(k)
     if ok is None:
         if len(_RF_VERDICT) >= _MAX_TEMPLATES:
@@ -839,7 +846,7 @@ def _batch_features(cd: ComputeDef, schedules, workload_key: str | None) -> list
             _BY_ID.clear()
             _TEMPLATES.clear()
             _RF_VERDICT.clear()
-            _USES.clear()
+            _RF_USES.clear()
         k, row = key_and_row(s)
         g = groups.get(k)
         if g is None:

@@ -756,7 +756,7 @@ def _reduction(stage: Stage, lanes: int, cores: int = 1, names: set[str] | None 
     par = _work(stage) >= PARALLEL_MIN_WORK
     steps: list[Step] = []
     if not space:
-        return _full_reduction(stage, lanes, cores if par else 1, names if names is not None else set(), par)
+        return _full_reduction(stage, lanes, cores, names if names is not None else set(), par)
     rv = _vector_width(last_r.extent, lanes)
     sv = _vector_width(stage.axes[-1].extent, lanes) if stage.axes else 0
     if _contiguous_in(stage, last_r.name) and rv and last_r.extent >= 4 * rv:

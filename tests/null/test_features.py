@@ -22,12 +22,11 @@ COL = {n: i for i, n in enumerate(FEATURE_NAMES)}
 
 @pytest.fixture(autouse=True)
 def _every_structure_gets_a_template(monkeypatch):
-    """The fast-path tests below hold few schedules per structure: let every structure have its template (the
-    search builds one only for structures asked for often: `fast_features.TEMPLATE_MIN_USES`), so they check
-    the templates against the exact path, not the exact path against itself."""
+    """The fast-path tests below hold few schedules per rfactor structure: let every one have its template (the
+    search verifies one only once it was asked for often: `fast_features.RFACTOR_TEMPLATE_MIN_USES`), so they
+    check the templates against the exact path, not the exact path against itself."""
     from hlotune.cost_model import fast_features
 
-    monkeypatch.setattr(fast_features, "TEMPLATE_MIN_USES", 1)
     monkeypatch.setattr(fast_features, "RFACTOR_TEMPLATE_MIN_USES", 1)
 
 
@@ -366,36 +365,29 @@ def test_rfactor_schedules_fast_path(name, kind):
         assert built == checked
 
 
-def test_templates_only_for_structures_asked_for_often(monkeypatch):
-    """With the search's thresholds, a structure gets its template once TEMPLATE_MIN_USES candidates of it were
-    asked for (across batches), one with an rfactor once RFACTOR_TEMPLATE_MIN_USES were (or fewer once its
-    blanked structure is verified); until then its candidates take the exact path.  Features are the exact
-    path's either way."""
+def test_rfactor_templates_wait_for_enough_candidates(monkeypatch):
+    """With the search's rule, a plain structure gets its template at its first candidate; an rfactor structure
+    whose blanked structure is not yet verified takes the exact path until RFACTOR_TEMPLATE_MIN_USES candidates
+    of it (any fixed factors: the test-size sum_reduce's default with its split factors varied) were asked for,
+    one batch at a time; then it is verified and templated.  Features equal the exact path's throughout."""
     from hlotune.cost_model import fast_features as ff
     from hlotune.schedule_space.steps import RFactor
 
-    monkeypatch.setattr(ff, "TEMPLATE_MIN_USES", 3)
-    monkeypatch.setattr(ff, "RFACTOR_TEMPLATE_MIN_USES", 5)
-    m = hlotune.load_model(model_path("mlp_train_step", "hlo"))
-    cases = 0
-    for sg in m.frontend.subgraphs:
+    monkeypatch.setattr(ff, "RFACTOR_TEMPLATE_MIN_USES", 4)
+    for name, need in (("dense_bias_relu", 1), ("sum_reduce", 4)):
+        (sg,) = hlotune.load_model(model_path(name, "hlo")).frontend.subgraphs
         cd, key = sg.workload.compute, sg.workload.key + "-min-uses-test"
-        rng = np.random.default_rng(4)
         base = default_schedule(cd, _T)
-        vs = [Schedule(sg.workload.key, s) for s in factor_variants(cd, base, rng, 8)]
-        vs = list({ff.key_and_row(s)[1].__repr__(): s for s in vs}.values())   # distinct factor rows
-        if len(vs) < 6 or len({ff.key_and_row(s)[0] for s in vs}) != 1:
-            continue
-        rf = any(isinstance(x, RFactor) for x in base)
-        need = 5 if rf else 3
-        tkey = (key, ff.key_and_row(vs[0])[0])
-        for i, s in enumerate(vs[:need]):
+        assert any(isinstance(x, RFactor) for x in base) == (need > 1)
+        vs = [Schedule(sg.workload.key, s) for s in factor_variants(cd, base, np.random.default_rng(4), 12)]
+        vs = list({repr(s.steps): s for s in vs}.values())[:need + 2]
+        assert len(vs) == need + 2
+        blanked = ff._blanked(key, vs[0].steps)
+        assert all(ff._blanked(key, s.steps) == blanked for s in vs)
+        for i, s in enumerate(vs):
             (fast,) = batch_features(cd, [s], key)
-            np.testing.assert_allclose(fast, exact_features(cd, s), atol=1e-6)
-            built = tkey in ff._TEMPLATES
-            assert built == (i + 1 >= need), (sg.name, i, rf)
-        got = batch_features(cd, vs[need:], key)
-        for s, fast in zip(vs[need:], got):
-            np.testing.assert_allclose(fast, exact_features(cd, s), atol=1e-6)
-        cases += 1
-    assert cases >= 2
+            np.testing.assert_allclose(fast, exact_features(cd, s), atol=1e-6, err_msg=f"{name} {s.steps}")
+            tkey = (key, ff.key_and_row(s)[0])
+            assert (tkey in ff._TEMPLATES) == (i + 1 >= need), (name, i)
+            if need > 1:
+                assert (blanked in ff._RF_VERDICT) == (i + 1 >= need), (name, i)
