@@ -355,6 +355,15 @@ def _reads_same_point(stage: Stage, buf: str) -> bool:
     return True
 
 
+def _off_point(stage: Stage) -> bool:
+    """Some load of the body is not at the stage's own index (a broadcast or transposed operand): vectors over
+    the fused axes would gather it lane by lane where they cross a row (`param_1[i0]` of a [256, 10] stage:
+    5.5 us fused in 16 lanes, 1.3 us in rows of 10)."""
+    want = tuple(a.name for a in stage.axes)
+    return any(isinstance(e, Load) and e.indices and tuple(getattr(i, "name", None) for i in e.indices) != want
+               for e in walk(stage.body))
+
+
 def _vector_width(extent: int, lanes: int) -> int:
     """The widest power-of-two vector (at most `lanes`, at least 4) that divides `extent`; 0 if none."""
     v = lanes
@@ -363,6 +372,14 @@ def _vector_width(extent: int, lanes: int) -> int:
             return v
         v //= 2
     return 0
+
+
+def _column_width(extent: int, lanes: int) -> int:
+    """Vector lanes along a column reduction's contiguous space axis: the power-of-two width if one divides it,
+    else its widest divisor of at most `lanes` (a short axis such as the 10 logits of a bias gradient, whole:
+    the reduce loop outside it reads rows, 7x faster than walking each column's 256 strided floats); 0 below 3."""
+    w = _vector_width(extent, lanes) or _divisor_at_most(extent, lanes)
+    return w if w >= 3 else 0
 
 
 def _divisor_at_most(n: int, cap: int) -> int:
@@ -758,7 +775,7 @@ def _reduction(stage: Stage, lanes: int, cores: int = 1, names: set[str] | None 
     if not space:
         return _full_reduction(stage, lanes, cores, names if names is not None else set(), par)
     rv = _vector_width(last_r.extent, lanes)
-    sv = _vector_width(stage.axes[-1].extent, lanes) if stage.axes else 0
+    sv = _column_width(stage.axes[-1].extent, lanes) if stage.axes else 0
     if _contiguous_in(stage, last_r.name) and rv and last_r.extent >= 4 * rv:
         lanes = rv
         names = names if names is not None else set()
@@ -821,8 +838,9 @@ def _elementwise(stage: Stage, lanes: int, cores: int) -> list[Step]:
     par = _work(stage) >= PARALLEL_MIN_WORK
     last = stage.axes[-1]
     steps: list[Step] = []
-    if _vector_width(last.extent, lanes) and len(axes) > 1:
-        lanes = _vector_width(last.extent, lanes)
+    w = _vector_width(last.extent, lanes) or (_column_width(last.extent, lanes) if _off_point(stage) else 0)
+    if w and len(axes) > 1:
+        lanes = w
         steps += [Split(name, last.name, (lanes,)), Annotate(name, f"{last.name}.1", ForKind.VECTORIZED)]
         outer = axes[:-1]
         if par:
