@@ -57,7 +57,7 @@ class Choice:
     """The schedule used for one workload and where it came from."""
 
     steps: tuple
-    source: str            # "default" | "tuned (exact target)" | "tuned (same family)"
+    source: str            # "default" | "default (the log's best)" | "tuned (exact target)" | "tuned (same family)"
     median_s: float | None = None
 
 
@@ -93,8 +93,11 @@ def backend(kind: str) -> tuple[Any, Any, Any]:
 
 
 def choose_schedule(workload, db, target: Target) -> Choice:
-    """The best valid tuned schedule of `workload` in `db` for `target`, else the default one."""
+    """The best valid tuned schedule of `workload` in `db` for `target`, else the default one.  When the best
+    record is a default schedule (the search found nothing faster), today's default is used: the one recorded
+    is the default of the version that tuned, and later versions' defaults only improve on it."""
     from .schedule_space.steps import schedule_from_json
+    from .search.space import DEFAULT_SKETCH
 
     default_schedule = backend(target.kind)[1]
 
@@ -102,8 +105,11 @@ def choose_schedule(workload, db, target: Target) -> Choice:
         found = db.best(workload.key, target.fingerprint, family=target.family)
         if found is not None:
             rec, matched = found.record, found.matched
-            steps = schedule_from_json(json.loads(rec.steps)).steps
-            return Choice(steps, f"tuned ({'exact target' if matched == 'exact' else 'same family'})",
+            sched = schedule_from_json(json.loads(rec.steps))
+            if sched.sketch == DEFAULT_SKETCH:
+                return Choice(tuple(default_schedule(workload.compute, target)), "default (the log's best)",
+                              rec.median)
+            return Choice(sched.steps, f"tuned ({'exact target' if matched == 'exact' else 'same family'})",
                           rec.median)
     return Choice(tuple(default_schedule(workload.compute, target)), "default")
 

@@ -98,3 +98,27 @@ def test_rechecker_returns_costs(tmp_path):
     with Rechecker(ProgramMeasurer(LocalBuilder(n_workers=1), LocalRunner(FAST))) as rc:
         ok, costs = rc(rec)
     assert ok and len(costs) == FAST.repeats and all(c > 0 for c in costs)
+
+
+def test_a_default_record_compiles_with_todays_default(tmp_path):
+    """A log whose best record is a default schedule (the search found nothing faster) compiles with the default
+    of this version, not the recorded one: an older version's default is stale (here: no steps at all)."""
+    from hlotune.search.space import DEFAULT_SKETCH
+
+    model = hlotune.load_model(model_path("mlp2"))
+    task = next(t for t in tasks_from_subgraphs(model.frontend.subgraphs, TARGET) if default_schedule(t.compute, TARGET))
+    stale = MeasureInput(task, Schedule(task.key, (), DEFAULT_SKETCH))
+    with ProgramMeasurer(LocalBuilder(n_workers=1), LocalRunner(FAST)) as m:
+        (res,) = m.measure_batch([stale])
+    assert res.valid
+    path = str(tmp_path / "old.db")
+    db = open_database(path)
+    db.add(to_record(stale, res))
+    db.close()
+    exe = hlotune.compile(model, tuning_log=path)
+    (cs,) = [cs for cs in exe._subgraphs.values() if cs.key == task.key][:1]
+    assert cs.choice.source == "default (the log's best)"
+    assert cs.choice.steps == tuple(default_schedule(task.compute, TARGET)) != ()
+    args, want = model_io("mlp2")
+    for g, w in zip(exe(*args), want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
