@@ -70,6 +70,12 @@ SUBGRAPHS = (
     ("dense_bias_relu_test", "dense_bias_relu", "hlo", "max.3", "relu(X[16,64] @ W[64,32] + b) (test size)"),
     ("mlp_grad_reduce_test", "mlp_train_step", "hlo", "reduce_sum.70",
      "a bias-gradient reduction fusion of mlp_train_step (test size)"),
+    # session 18: mlp_train_step's tuning (logs/tuned) beat the defaults of these by 2.25x (the session-17 default:
+    # the short-row defaults of session 18 closed most of it) and 1.14x
+    ("mlp_grad_logsoftmax", "mlp_train_step", "bench.hlo", "input_fusion",
+     "the log-softmax row fusion of mlp_train_step (rows of 10 logits: max, exp, sums, log)"),
+    ("mlp_grad_output_fusion_1", "mlp_train_step", "bench.hlo", "output_fusion.1",
+     "relu'(h) * (dY[256,10] @ W[256,10]^T) of mlp_train_step (a dot with k = 10, masked)"),
 )
 TUNE_TIMING = TimingConfig(warmup_ms=2.0, repeats=3, min_repeat_ms=5.0)
 REMEASURE_TIMING = TimingConfig(warmup_ms=10.0, repeats=5, min_repeat_ms=10.0)

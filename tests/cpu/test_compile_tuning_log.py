@@ -106,7 +106,8 @@ def test_a_default_record_compiles_with_todays_default(tmp_path):
     from hlotune.search.space import DEFAULT_SKETCH
 
     model = hlotune.load_model(model_path("mlp2"))
-    task = next(t for t in tasks_from_subgraphs(model.frontend.subgraphs, TARGET) if default_schedule(t.compute, TARGET))
+    tasks = tasks_from_subgraphs(model.frontend.subgraphs, TARGET)
+    task = next(t for t in tasks if default_schedule(t.compute, TARGET))
     stale = MeasureInput(task, Schedule(task.key, (), DEFAULT_SKETCH))
     with ProgramMeasurer(LocalBuilder(n_workers=1), LocalRunner(FAST)) as m:
         (res,) = m.measure_batch([stale])

@@ -31,13 +31,15 @@ def _column_sum(rows, cols):
 
 def _centered(rows, cols):
     """x - broadcast(m): the broadcast operand is read once per row."""
-    return (f"HloModule m\n\nENTRY main {{\n  x = f32[{rows},{cols}] parameter(0)\n  m = f32[{rows}] parameter(1)\n"
-            f"  b = f32[{rows},{cols}] broadcast(m), dimensions={{0}}\n  ROOT s = f32[{rows},{cols}] subtract(x, b)\n}}\n")
+    s = f"f32[{rows},{cols}]"
+    return (f"HloModule m\n\nENTRY main {{\n  x = {s} parameter(0)\n  m = f32[{rows}] parameter(1)\n"
+            f"  b = {s} broadcast(m), dimensions={{0}}\n  ROOT s = {s} subtract(x, b)\n}}\n")
 
 
 def _plain(rows, cols):
     s = f"f32[{rows},{cols}]"
-    return f"HloModule m\n\nENTRY main {{\n  x = {s} parameter(0)\n  y = {s} parameter(1)\n  ROOT s = {s} add(x, y)\n}}\n"
+    return (f"HloModule m\n\nENTRY main {{\n  x = {s} parameter(0)\n  y = {s} parameter(1)\n"
+            f"  ROOT s = {s} add(x, y)\n}}\n")
 
 
 def _bias_grad():
@@ -52,7 +54,8 @@ def _compute(text):
 
 
 def _vector_extents(func):
-    return {getattr(f.extent, "value", f.extent) for f in walk_stmts(func.body) if isinstance(f, For) and f.kind == ForKind.VECTORIZED}
+    loops = [f for f in walk_stmts(func.body) if isinstance(f, For) and f.kind == ForKind.VECTORIZED]
+    return {getattr(f.extent, "value", f.extent) for f in loops}
 
 
 def _check(cd, func):
