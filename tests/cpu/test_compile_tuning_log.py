@@ -117,7 +117,7 @@ def test_a_default_record_compiles_with_todays_default(tmp_path):
     db.add(to_record(stale, res))
     db.close()
     exe = hlotune.compile(model, tuning_log=path)
-    (cs,) = [cs for cs in exe._subgraphs.values() if cs.key == task.key][:1]
+    cs = next(cs for cs in exe._subgraphs.values() if cs.key == task.key)
     assert cs.choice.source == "default (the log's best)"
     assert cs.choice.steps == tuple(default_schedule(task.compute, TARGET)) != ()
     args, want = model_io("mlp2")

@@ -45,9 +45,12 @@ def test_tune_small_model_end_to_end(tmp_path):
     assert dbr.model_latency_s == rep.model_latency_s
     # the tuned model gives JAX's outputs
     exe = hlotune.compile(str(model_path(name)), tuning_log=db_path)
-    srcs = exe.sources()   # every subgraph from the log: a tuned record, or its default where that was the best
-    assert all(v.startswith("tuned") or v == "default (the log's best)" for v in srcs.values()), srcs
-    assert any(v.startswith("tuned") for v in srcs.values()) == any(s.best_s < s.default_s for s in rep.subgraphs)
+    # every subgraph from the log: its best record, or today's default where that record is a default schedule
+    for sg_name, cs in exe._subgraphs.items():
+        rec = db.best(cs.key, rep.target).record
+        is_default = json.loads(rec.steps).get("sketch") == DEFAULT_SKETCH
+        assert cs.choice.source == ("default (the log's best)" if is_default else "tuned (exact target)"), sg_name
+        assert cs.choice.median_s == rec.median
     args, want = model_io(name)
     for g, w in zip(exe(*args), want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
