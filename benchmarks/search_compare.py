@@ -78,6 +78,13 @@ SUBGRAPHS = (
      "relu'(h) * (dY[256,10] @ W[256,10]^T) of mlp_train_step (a dot with k = 10, masked)"),
     ("attention_softmax", "transformer_block", "bench.hlo", "div.11",
      "the attention softmax of transformer_block, rows of 128 (row-fused; 1.14x in the session-18 tuning)"),
+    # session 19: the GEMMs of today's fusion that no comparison had (mid-size and large, where the earlier wins were)
+    ("attention_dot_10", "transformer_block", "bench.hlo", "dot_general.10",
+     "the attention P @ V dot of transformer_block, [32,128,128] x [32,128,512] (1.11x in the session-18 tuning)"),
+    ("mlp_grad_sub_20", "mlp_train_step", "bench.hlo", "sub.20",
+     "W1 - lr * X^T @ dH of mlp_train_step: the weight-gradient dot fused with the SGD update (today's fusion)"),
+    ("mlp_fwd_output_fusion", "mlp_train_step", "bench.hlo", "output_fusion",
+     "relu(X[256,784] @ W1[784,256] + b1) of mlp_train_step (the forward layer, with the output kept for relu')"),
 )
 TUNE_TIMING = TimingConfig(warmup_ms=2.0, repeats=3, min_repeat_ms=5.0)
 REMEASURE_TIMING = TimingConfig(warmup_ms=10.0, repeats=5, min_repeat_ms=10.0)
