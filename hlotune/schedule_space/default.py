@@ -619,10 +619,11 @@ def _gemm(cd: ComputeDef, out: str, red: str, red_stage: Stage, target: Target, 
             steps.append(Annotate(out, fused, ForKind.PARALLEL))
         steps += [Split(out, f"{j}.1", (plan.vl,)), Annotate(out, f"{j}.1.1", ForKind.VECTORIZED),
                   ComputeAt(red, out, fused)]
-    inner = _inner_reduce(red_stage).name
+    k_ax = _inner_reduce(red_stage)
+    inner = k_ax.name
     others = [a.name for a in red_stage.reduce_axes if a.name != inner]
-    if plan.kc or holes:
-        steps.append(Split(red, inner, (None if holes else plan.kc,)))
+    if plan.kc or panel:   # the column-panel plan always splits k (all of k when kc = 0), so that its default is a
+        steps.append(Split(red, inner, (None if holes else plan.kc or k_ax.extent,)))   # point of `gemm_panel`
         r_out, r_in = others + [f"{inner}.0"], [f"{inner}.1"]
     else:
         r_out, r_in = others, [inner]
