@@ -85,6 +85,11 @@ SUBGRAPHS = (
      "W1 - lr * X^T @ dH of mlp_train_step: the weight-gradient dot fused with the SGD update (today's fusion)"),
     ("mlp_fwd_output_fusion", "mlp_train_step", "bench.hlo", "output_fusion",
      "relu(X[256,784] @ W1[784,256] + b1) of mlp_train_step (the forward layer, with the output kept for relu')"),
+    # session 20: session 17's evolutionary scan beat these test-size defaults too (noisy there), never compared
+    ("rmsnorm_swiglu_dot_test", "rmsnorm_swiglu", "hlo", "dot_general.5",
+     "a [4,64] x [64,32] dot of rmsnorm_swiglu (test size)"),
+    ("attention_residual_test", "transformer_block", "hlo", "add.1",
+     "a [16,16] dot plus the residual of transformer_block (test size)"),
 )
 TUNE_TIMING = TimingConfig(warmup_ms=2.0, repeats=3, min_repeat_ms=5.0)
 REMEASURE_TIMING = TimingConfig(warmup_ms=10.0, repeats=5, min_repeat_ms=10.0)
