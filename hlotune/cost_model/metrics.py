@@ -6,6 +6,9 @@ Map:
   repeat_agreement(costs_lists)       second-last repeat as the prediction of the last: the noise ceiling
                                       within one measurement
   remeasure_agreement(groups)         the same between independent measurements of identical programs
+  implied_ceiling(q)                  upper estimate of a perfect model's pairwise accuracy against one measurement,
+                                      given that two independent measurements agree on a fraction q of the pairs
+                                      (the accuracy itself lies between q and it)
   peak_at_k(costs, scores, k)         best cost / best cost among the k highest scores (1.0 = found the best)
   task_metrics(costs, scores, ks)     both, as a dict (plus pairwise accuracy on pairs >= 1.5x apart)
   mean_metrics(per_task)              the unweighted mean over tasks of each metric
@@ -89,3 +92,15 @@ def remeasure_agreement(groups, min_ratio: float = 1.0) -> tuple[float, int]:
     d1 = first[:, None] - first[None, :]
     good = (faster2 & (d1 < 0)).sum() + 0.5 * (faster2 & (d1 == 0)).sum()
     return float(good / n), n
+
+
+def implied_ceiling(q: float) -> float:
+    """An upper estimate of a perfect model's pairwise accuracy against one noisy measurement, from q, the agreement
+    of two independent measurements (`remeasure_agreement`, benchmarks/label_noise.py).  If each measurement orders
+    pair i like the true costs with probability p_i, two of them agree on it with p_i^2 + (1 - p_i)^2 <= p_i, so the
+    perfect model's accuracy, mean(p_i), lies between q and (1 + sqrt(2q - 1)) / 2, the value returned (Jensen: that
+    is p when every pair is alike; close pairs, p_i near 1/2, pull the truth toward q).  NaN for NaN; 1/2 for
+    q <= 1/2."""
+    if q != q:
+        return float("nan")
+    return float((1.0 + np.sqrt(max(2.0 * float(q) - 1.0, 0.0))) / 2.0)

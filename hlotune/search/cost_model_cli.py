@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from ..cost_model.metrics import mean_metrics, remeasure_agreement, repeat_agreement, task_metrics
+from ..cost_model.metrics import implied_ceiling, mean_metrics, remeasure_agreement, repeat_agreement, task_metrics
 from ..cost_model.model import MODES, CostModel, CostModelWarning, RandomModel, Sample, features_of_samples
 from ..errors import HlotuneError, InputError
 
@@ -159,6 +159,7 @@ def _cmd_eval(a) -> int:
         print(json.dumps({"how": how, "records": len(samples), "per_task": per, "mean": mean,
                           "remeasure_agree": ceiling[0], "remeasure_agree@1.5x": ceiling15[0],
                           "remeasure_pairs": ceiling[1], "remeasured_programs": ceiling[2],
+                          "implied_ceiling": implied_ceiling(ceiling[0]),
                           "names": {k: names.get(k, "") for k in per}}, indent=1))
         return 0
     print(f"{how}: {len(per)} workloads, {len(samples)} records")
@@ -167,11 +168,14 @@ def _cmd_eval(a) -> int:
               + "  ".join(f"{n} {v:.3f}" for n, v in m.items()))
     print("mean: " + "  ".join(f"{n} {v:.3f}" for n, v in mean.items()))
     print(f"remeasure_agree {ceiling[0]:.3f}  remeasure_agree@1.5x {ceiling15[0]:.3f}  ({ceiling[2]} programs "
-          f"measured separately 2+ times, {ceiling[1]} pairs)")
+          f"measured separately 2+ times, {ceiling[1]} pairs); implied ceiling of pairwise_accuracy "
+          f"{implied_ceiling(ceiling[0]):.3f}")
     print("(pairwise@1.5x: only pairs whose costs differ by 1.5x or more; repeats_agree: the second-last repeat of "
           "each measurement used as the prediction of the last, i.e. the noise ceiling within one measurement; "
           "remeasure_agree: the same between separate measurements of identical programs (schedules that lower "
-          "to the same loops), the ceiling for ranking different candidates)")
+          "to the same loops), the ceiling for ranking different candidates; implied ceiling: a perfect model's "
+          "expected pairwise accuracy against one such measurement, metrics.implied_ceiling; "
+          "benchmarks/label_noise.py measures both directly)")
     return 0
 
 
