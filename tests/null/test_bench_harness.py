@@ -107,3 +107,28 @@ def test_tuned_section_judges_issue_6_targets_and_names_the_databases(tmp_path):
     run_all.write_markdown(path, text, tuned=True)
     out = path.read_text()
     assert "default table" in out and run_all.TUNED_START in out and out.index(common.END) < out.index(text[:20])
+
+
+def test_label_noise_bookkeeping(tmp_path):
+    import math
+    import pickle
+
+    ln = _load("label_noise")
+    keys = ["a"] * 8 + ["b"] * 8 + ["c"] * 3          # "c": too few records to count
+    truth = [float(2 ** i) for i in range(19)]
+    same = list(truth)
+    backwards = [-x for x in truth]
+    assert ln.agreement(keys, same, truth) == 1.0
+    assert ln.agreement(keys, backwards, truth) == 0.0
+    half = same[:8] + backwards[8:16] + same[16:]       # "a" right, "b" backwards: the mean over workloads
+    assert ln.agreement(keys, half, truth) == 0.5
+    with_inf = same[:7] + [math.inf] + same[8:]         # "a" left with 7 finite values: only "b" counts
+    assert ln.agreement(keys, with_inf, backwards) == 0.0
+    assert ln.close_pairs(keys, [1.0] * 19) == 1.0      # every pair within 10 %
+    assert ln.close_pairs(keys, truth) == 0.0           # every pair 2x or more apart
+    # a held-out model's scores (higher = faster) looked up by (workload, database cost) and scored against each pass
+    sc = {"a": (truth[:8], [-x for x in truth[:8]]), "b": (truth[8:16], truth[8:16])}
+    path = tmp_path / "scores.pkl"
+    path.write_bytes(pickle.dumps(sc))
+    got = ln.model_against_passes(keys[:16], truth[:16], {"S1": truth[:16]}, str(path))
+    assert got["orig"] == got["S1"] == got["best of all"] == 0.5   # "a" ranked right, "b" backwards
