@@ -2,7 +2,8 @@
 
 Map:
   samples_from_db(spec, target=None)   tuning records -> cost_model.Sample list (workload and steps parsed)
-  evaluate_lowo(samples, make_model)   per held-out workload: train on the others, score its records
+  lowo_predictions(samples, make_model)   per held-out workload: train on the others, predict its records
+  evaluate_lowo(samples, make_model)   the metrics of those predictions per workload
   evaluate_model(model, samples)       per workload metrics of a given (pretrained) model
   remeasure_ceiling(samples, feats)    agreement of separate measurements of identical programs (noise ceiling)
   add_cost_model_parser(subparsers)    the argparse wiring (the lead calls it from cli.py)
@@ -69,20 +70,20 @@ def evaluate_model(model, samples: list[Sample], min_records: int = 8) -> dict[s
             if sum(1 for s in g if s.costs) >= min_records}
 
 
-def evaluate_lowo(samples: list[Sample], make_model=None, min_records: int = 8,
-                  feats: list | None = None, extra: list[Sample] = (),
-                  extra_feats: list | None = None) -> dict[str, dict[str, float]]:
-    """Leave one workload out: for each workload, train a fresh model on all others and score it (`feats`:
-    the samples' features when already computed).  `extra`: more training records, never held out (e.g. measured
+def lowo_predictions(samples: list[Sample], make_model=None, min_records: int = 8,
+                     feats: list | None = None, extra: list[Sample] = (),
+                     extra_feats: list | None = None) -> dict[str, tuple[list[int], np.ndarray]]:
+    """Leave one workload out: for each workload with `min_records` valid records, train a fresh model on all
+    others and predict its valid records: {workload key: (their indices in `samples`, their scores)} (`feats`: the
+    samples' features when already computed).  `extra`: more training records, never held out (e.g. measured
     schedules of other workloads; a workload of `samples` among them is dropped while it is held out)."""
     make_model = make_model or (lambda: CostModel(seed=0))
     if feats is None:
         feats = features_of_samples(samples)        # once: they do not depend on the model
     if extra and extra_feats is None:
         extra_feats = features_of_samples(extra)
-    by = _by_task(samples)
     out = {}
-    for k, g in by.items():
+    for k, g in _by_task(samples).items():
         if sum(1 for s in g if s.costs) < min_records:
             continue
         model = make_model()
@@ -93,8 +94,15 @@ def evaluate_lowo(samples: list[Sample], make_model=None, min_records: int = 8,
             model.fit([samples[i] for i in rest] + [extra[i] for i in more],
                       [feats[i] for i in rest] + [extra_feats[i] for i in more])
         test = [i for i, s in enumerate(samples) if s.workload_key == k and s.costs]
-        out[k] = task_metrics([samples[i].cost for i in test], model.predict_features([feats[i] for i in test]))
+        out[k] = (test, model.predict_features([feats[i] for i in test]))
     return out
+
+
+def evaluate_lowo(samples: list[Sample], make_model=None, min_records: int = 8, feats: list | None = None,
+                  extra: list[Sample] = (), extra_feats: list | None = None) -> dict[str, dict[str, float]]:
+    """`task_metrics` of every held-out workload's `lowo_predictions` (same arguments)."""
+    pred = lowo_predictions(samples, make_model, min_records, feats, extra, extra_feats)
+    return {k: task_metrics([samples[i].cost for i in idx], scores) for k, (idx, scores) in pred.items()}
 
 
 def remeasure_ceiling(samples: list[Sample], feats: list, min_ratio: float = 1.0) -> tuple[float, int, int]:
@@ -173,9 +181,9 @@ def _cmd_eval(a) -> int:
     print("(pairwise@1.5x: only pairs whose costs differ by 1.5x or more; repeats_agree: the second-last repeat of "
           "each measurement used as the prediction of the last, i.e. the noise ceiling within one measurement; "
           "remeasure_agree: the same between separate measurements of identical programs (schedules that lower "
-          "to the same loops), the ceiling for ranking different candidates; implied ceiling: a perfect model's "
-          "expected pairwise accuracy against one such measurement, metrics.implied_ceiling; "
-          "benchmarks/label_noise.py measures both directly)")
+          "to the same loops), the ceiling for ranking different candidates; implied ceiling: an upper estimate of a "
+          "perfect model's pairwise accuracy against one such measurement, which lies between remeasure_agree and "
+          "it (metrics.implied_ceiling); benchmarks/label_noise.py measures the agreement directly)")
     return 0
 
 
@@ -217,4 +225,4 @@ def _guard(fn):
     return run
 
 
-__all__ = ["add_cost_model_parser", "samples_from_db", "evaluate_lowo", "evaluate_model", "np"]
+__all__ = ["add_cost_model_parser", "samples_from_db", "lowo_predictions", "evaluate_lowo", "evaluate_model", "np"]

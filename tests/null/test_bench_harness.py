@@ -109,9 +109,8 @@ def test_tuned_section_judges_issue_6_targets_and_names_the_databases(tmp_path):
     assert "default table" in out and run_all.TUNED_START in out and out.index(common.END) < out.index(text[:20])
 
 
-def test_label_noise_bookkeeping(tmp_path):
+def test_label_noise_bookkeeping():
     import math
-    import pickle
 
     ln = _load("label_noise")
     keys = ["a"] * 8 + ["b"] * 8 + ["c"] * 3          # "c": too few records to count
@@ -126,9 +125,19 @@ def test_label_noise_bookkeeping(tmp_path):
     assert ln.agreement(keys, with_inf, backwards) == 0.0
     assert ln.close_pairs(keys, [1.0] * 19) == 1.0      # every pair within 10 %
     assert ln.close_pairs(keys, truth) == 0.0           # every pair 2x or more apart
-    # a held-out model's scores (higher = faster) looked up by (workload, database cost) and scored against each pass
-    sc = {"a": (truth[:8], [-x for x in truth[:8]]), "b": (truth[8:16], truth[8:16])}
-    path = tmp_path / "scores.pkl"
-    path.write_bytes(pickle.dumps(sc))
-    got = ln.model_against_passes(keys[:16], truth[:16], {"S1": truth[:16]}, str(path))
-    assert got["orig"] == got["S1"] == got["best of all"] == 0.5   # "a" ranked right, "b" backwards
+    # a model's scores (higher = faster) against the database's costs, each pass and the best of all: "a" ranked
+    # right, "b" backwards, "c" without predictions (NaN) left out
+    scores = [-x for x in truth[:8]] + truth[8:16] + [math.nan] * 3
+    got = ln.model_against_passes(keys, scores, {"S1": truth}, truth)
+    assert got == {"S1": 0.5, "orig": 0.5, "best of all": 0.5}
+    # the seeded sample: at most per_task valid records of each workload, never a failed one, the same every time
+    Rec = type("Rec", (), {})
+    recs = []
+    for k, n in (("a", 10), ("b", 3)):
+        for j in range(n):
+            r = Rec()
+            r.workload_key, r.costs = k, ((1.0,) if j != 1 else ())
+            recs.append(r)
+    got = ln.pick(recs, 4, 0)
+    assert got == ln.pick(recs, 4, 0) and 1 not in got and 11 not in got
+    assert sum(recs[i].workload_key == "a" for i in got) == 4 and sum(recs[i].workload_key == "b" for i in got) == 2
