@@ -1,9 +1,11 @@
 """The search space of one task, as every search policy sees it, and the policy interface.
 
 Map:
-  TaskSpace(task)            sketches (the default one included), sketch by id, the default schedule (trial 0),
+  TaskSpace(task, with_default=True)
+                             sketches (the default one included), sketch by id, the default schedule (trial 0),
                              default-like seeds of the sketches with holes (where the evolutionary search starts),
-                             a tag for "similar subgraphs" (the task scheduler groups tasks by it)
+                             a tag for "similar subgraphs" (the task scheduler groups tasks by it); without the
+                             default: no default sketch, schedule or seeds (the search alone, from scratch)
   sample_random(space, rng, n, exclude)   up to n distinct random schedules spread evenly over the sketches
   SearchPolicy               what the tuner asks of a policy: propose(n, measured, rng), observe(schedules, costs)
   SKETCH_RULES               target kind -> sketch generation (CPU sketches, GPU sketches)
@@ -69,9 +71,12 @@ def derive_rng(seed: int, *parts: int | str) -> random.Random:
 class TaskSpace:
     """The sketches of one task and what the search needs to know about them."""
 
-    def __init__(self, task: Task):
+    def __init__(self, task: Task, with_default: bool = True):
         self.task = task
+        self.with_default = with_default
         self.sketches: list[Sketch] = SKETCH_RULES[task.target.kind](task, task.target)
+        if not with_default:   # the search alone: nothing of the hand-written default schedule
+            self.sketches = [s for s in self.sketches if s.id != DEFAULT_SKETCH]
         self.by_id: dict[str, Sketch] = {s.id: s for s in self.sketches}
         self.holed: list[Sketch] = [s for s in self.sketches if s.has_holes]
 
@@ -89,8 +94,8 @@ class TaskSpace:
         """Schedules of the sketches with holes that match the default's GEMM blocking (`annotate.default_like`):
         the evolutionary search keeps them in its population and measures them early, so mutation starts from
         the default's quality (tile sizes, k-blocking and packing are holes there, fixed in the default)."""
-        out = []
-        for sk in self.holed:
+        out: list[Schedule] = []
+        for sk in self.holed if self.with_default else ():
             s = sk.default_like() if isinstance(sk, GpuSketch) else default_like(sk)
             if s is not None:
                 out.append(Schedule(self.task.key, s.steps, s.sketch))

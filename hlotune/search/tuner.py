@@ -375,10 +375,12 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
                batch_size: int = 64, population: int = 2048, generations: int = 4,
                early_stopping: int | None = DEFAULT_EARLY_STOPPING, timing=None, measurer=None, confirm: int = 2,
                progress: bool = True, stream=None, log_dir: str | None = None, write_log: bool = True,
-               db_location: str = "", pipeline: str | bool | None = None) -> TuneReport:
+               db_location: str = "", pipeline: str | bool | None = None, with_default: bool = True) -> TuneReport:
     """Tune `model` (a loaded `api.Model`) into the open database `db` (see the module docstring).  `pipeline`:
     search the next batch while one is measured, "auto" | "on" | "off" or a bool (None: setting `tune_pipeline`;
-    auto: on cuda, or on the CPU when the runner times at real-time priority)."""
+    auto: on cuda, or on the CPU when the runner times at real-time priority).  `with_default=False` searches
+    from scratch: no trial 0, and no policy sees the default schedule or its default-like seeds (to compare
+    search policies alone; the report then has no default latency)."""
     pipeline = _pipeline_mode(pipeline)
     if policy not in POLICIES:
         raise InputError(f"unknown search policy {policy!r} (one of {', '.join(POLICIES)})")
@@ -391,7 +393,7 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
     t_start = time.perf_counter()
     tasks = tasks_from_subgraphs(model.frontend.subgraphs, target)
     fp = target.fingerprint
-    runs = [_TaskRun(t, TaskSpace(t)) for t in tasks]
+    runs = [_TaskRun(t, TaskSpace(t, with_default)) for t in tasks]
     ident = hashlib.sha256("|".join([db_location or repr(db), fp, *sorted(t.key for t in tasks)]).encode()
                            ).hexdigest()[:16]
     log = _RunLog(log_dir or str(config.get("log_dir")), model.name, ident, enabled=write_log)

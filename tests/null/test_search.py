@@ -382,3 +382,20 @@ def test_default_sketch_schedule_is_the_default(space):
     d = space.default
     assert d.sketch == DEFAULT_SKETCH and d.steps == tuple(default_schedule(space.task.compute, TARGET))
     assert sample_schedules(space.by_id[DEFAULT_SKETCH], space.task, 1, 1)[0].key == d.key
+
+
+@pytest.mark.parametrize("policy", ["evolutionary", "random", "optuna"])
+def test_from_scratch_never_sees_the_default(model, space, tmp_path, policy):
+    """with_default=False: no trial 0, and no policy proposes the default schedule or its default-like seeds."""
+    pytest.importorskip("optuna") if policy == "optuna" else None
+    banned = {space.default.key, *(s.key for s in space.seeds)}
+    assert len(banned) > 1   # the dense task has default-like seeds, so the check below can fail
+    meas = SyntheticMeasurer()
+    rep = _tune(model, open_database(str(tmp_path / "s.db")), meas, trials=48, policy=policy, with_default=False)
+    assert rep.total_trials == 48 and not banned & set(meas.seen)
+    assert rep.subgraphs[0].default_s is None and rep.subgraphs[0].valid == 48
+    assert all(s.sketch != DEFAULT_SKETCH for s in _measured_schedules(open_database(str(tmp_path / "s.db"))))
+    with_default = SyntheticMeasurer()
+    _tune(model, open_database(str(tmp_path / "d.db")), with_default, trials=48, policy=policy)
+    assert with_default.seen[0] == space.default.key
+    assert policy != "evolutionary" or banned <= set(with_default.seen)   # evolution measures the seeds early
