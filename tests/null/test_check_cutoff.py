@@ -1,5 +1,6 @@
 """The runner's two early cutoffs, in-process with a fake kernel whose call count and duration are known: a checked
-call already CHECK_CUTOFF x `cutoff_s` slow ends the candidate with that one call; a first repeat over `cutoff_s`
+call already CHECK_CUTOFF x `cutoff_s` slow ends the candidate with that one call (when it is over that by less than
+COLD_SLACK_S, warm calls decide: a cold parallel call pays for waking threads); a first repeat over `cutoff_s`
 ends it after that repeat, unless the checked call was under `cutoff_s` (a disturbed repeat); a candidate near the
 best is timed in full."""
 
@@ -13,21 +14,21 @@ import pytest
 
 from hlotune.measure.records import ErrorKind
 from hlotune.measure.reference import TaskData
-from hlotune.measure.runner import CHECK_CUTOFF, TimingConfig, measure_kernel
+from hlotune.measure.runner import CHECK_CUTOFF, COLD_SLACK_S, TimingConfig, measure_kernel
 
 
 class FakeKernel:
-    """Copies its input to its output, taking `first` seconds on its first call and `warm` after."""
+    """Copies its input to its output, taking `first` seconds on its first `cold` calls and `warm` after."""
 
-    def __init__(self, first: float, warm: float):
+    def __init__(self, first: float, warm: float, cold: int = 1):
         buf = SimpleNamespace(shape=(4,), dtype=SimpleNamespace(np=np.dtype(np.float32), value="f32"), name="b")
         self.func = SimpleNamespace(inputs=(buf,), outputs=(buf,))
-        self.first, self.warm, self.calls = first, warm, 0
+        self.first, self.warm, self.cold, self.calls = first, warm, cold, 0
 
     def bind(self, x, out):
         def run():
             self.calls += 1
-            end = time.perf_counter() + (self.first if self.calls == 1 else self.warm)
+            end = time.perf_counter() + (self.first if self.calls <= self.cold else self.warm)
             out[...] = x
             while time.perf_counter() < end:
                 pass
@@ -47,6 +48,24 @@ def test_hopeless_checked_call_is_the_only_call():
     kind, msg, costs = _measure(k, cutoff_s=0.02 / (2 * CHECK_CUTOFF))
     assert kind is ErrorKind.NONE and msg == ""
     assert k.calls == 1 and len(costs) == 1 and costs[0] >= 0.02
+
+
+@pytest.mark.parametrize("first, cold", [(0.0012, 1), (0.0006, 3)])
+def test_slow_cold_calls_alone_do_not_cut(first, cold):
+    # a parallel kernel's first calls wait for its sleeping threads (the cold call up to ~1 ms slower): a cold call
+    # over CHECK_CUTOFF x cutoff_s but within COLD_SLACK_S of it, then warm calls near the best: timed in full
+    k = FakeKernel(first=first, warm=0.0001, cold=cold)
+    kind, _, costs = _measure(k, cutoff_s=0.0002)
+    assert 0.0002 * CHECK_CUTOFF < first < 0.0002 * CHECK_CUTOFF + COLD_SLACK_S
+    assert kind is ErrorKind.NONE and len(costs) == 3 and max(costs) < first
+
+
+def test_slow_warm_calls_within_the_slack_still_cut():
+    # hopeless when warm too: it stops after the slack's calls, its cost the fastest of them, not the cold one
+    k = FakeKernel(first=0.0015, warm=0.0008, cold=1)
+    kind, _, costs = _measure(k, cutoff_s=0.0002)
+    assert kind is ErrorKind.NONE and len(costs) == 1 and 0.0008 <= costs[0] < 0.0015
+    assert 2 <= k.calls <= 2 + COLD_SLACK_S / 0.0008 + 1
 
 
 def test_slow_first_repeat_stops_after_it():
