@@ -199,12 +199,11 @@ def measure_kernel(kernel, data: TaskData, timing: TimingConfig, fault: str | No
         return ErrorKind.NONE, "", (check * 1e-9,)
     # warm-up (the checked calls count)
     warm = int(timing.warmup_ms * 1e6)
-    done = spent
-    t0 = time.perf_counter_ns()
+    t0 = time.perf_counter_ns() - spent
     while spent < warm:
         run()
         calls += 1
-        spent = done + time.perf_counter_ns() - t0
+        spent = time.perf_counter_ns() - t0
     per_call = max(1, (spent - first) // (calls - 1) if calls > 1 else first)
     number = 1 if timing.flush_cache else max(1, math.ceil(timing.min_repeat_ms * 1e6 / per_call))
     costs: list[float] = []
