@@ -6,8 +6,10 @@ Map:
     .observe(schedules, costs)                        measured results: the best seed the next population
     .rerank(n, measured, rng) -> list[Schedule]       more of the last round's candidates, ranked by the model as
                                                       it is now (the tuner's first round, measured in parts)
-    .sketch_bests_first(cands) -> list[Schedule]      the same batch with each sketch's best candidate up front
-                                                      (the first part of a fresh task's first round)
+    .sketch_bests_first(cands) -> list[Schedule]      the same batch with each sketch's and each annotation
+                                                      structure's best candidate up front (the first part of a
+                                                      fresh task's first round)
+  structure(schedule) -> tuple                        sketch, stages with parallel / vectorized loops, packed buffers
   score(space, model, schedules, cache) -> ndarray    predicted scores (higher = faster), features cached
   fanout(fn, jobs, workers, finish=)                  a round's sampling / children chunks (CHUNKS, each its own
                                                       random stream) run in processes forked from this one; each
@@ -44,7 +46,8 @@ from collections import OrderedDict
 import numpy as np
 
 from .. import config
-from ..schedule_space.steps import Schedule
+from ..schedule_space.loop_ir import ForKind
+from ..schedule_space.steps import Annotate, Pack, Schedule
 from .space import TaskSpace, crossover, mutate, sample_random  # per sketch kind (CPU / GPU)
 
 #: features of this many schedules are kept per task
@@ -114,6 +117,14 @@ def fanout(fn, jobs: list[tuple], workers: int, *common, finish=None) -> list:
         for k, v in got if got is not None else run(share):
             out[k] = v
     return out
+
+
+def structure(s: Schedule) -> tuple:
+    """A schedule's annotation structure: its sketch, the stages (packed copies aside) with a parallel or a
+    vectorized loop, and the packed buffers; tile sizes, unrolling and compute locations aside."""
+    loops = sorted({(st.stage, st.kind.value) for st in s.steps if isinstance(st, Annotate)
+                    and st.kind in (ForKind.PARALLEL, ForKind.VECTORIZED) and not st.stage.endswith(".pack")})
+    return s.sketch, tuple(loops), tuple(sorted(st.stage for st in s.steps if isinstance(st, Pack)))
 
 
 class FeatureCache:
@@ -336,21 +347,30 @@ class EvolutionarySearch:
 
     def sketch_bests_first(self, cands: list[Schedule]) -> list[Schedule]:
         """`cands` (a batch from `propose` or `rerank`) reordered: the default-like seeds, then the model's best
-        candidate of each sketch of the last round's pool, scored as of that call (best first), then the rest in
-        their order, cut to `len(cands)`.  A pretrained model can rank one sketch's schedules far too high on a new
-        task; measured in parts, the first part then tries every sketch and the model learns which ones suit this
-        task before the rest is ranked again."""
+        candidate of each sketch of the last round's pool, then the best of each annotation structure
+        (`structure`) not yet among them, each group best first as scored by that call, then the rest in their
+        order, cut to `len(cands)`.  A pretrained model can rank one sketch's schedules, or one structure's
+        (a serial GEMM whose only parallel loop packs B), far too high on a new task: the model learns a task
+        from normalized throughput, so while everything measured shares that flaw nothing looks slow.
+        Measured in parts, the first part then tries every sketch and structure, and the model learns which
+        suit this task before the rest is ranked again."""
         seeds = {s.key for s in self.space.seeds}
-        best: dict[str, tuple[float, str, Schedule]] = {}
+        by_sketch: dict[str, tuple[float, str, Schedule]] = {}
+        by_structure: dict[tuple, tuple[float, str, Schedule]] = {}
         for s in self.pool:
             v = self.pool_score.get(s.key, np.nan)   # scored as of the last call: not measured then
             if s.key in seeds or not np.isfinite(v):
                 continue
-            if s.sketch not in best or (-v, s.key) < (-best[s.sketch][0], best[s.sketch][1]):
-                best[s.sketch] = (v, s.key, s)
+            for group, k in ((by_sketch, s.sketch), (by_structure, structure(s))):
+                if k not in group or (-v, s.key) < (-group[k][0], group[k][1]):
+                    group[k] = (v, s.key, s)
         ahead = [s for s in cands if s.key in seeds]
-        ahead += [s for _, _, s in sorted(best.values(), key=lambda t: (-t[0], t[1]))]
         keys = {s.key for s in ahead}
+        for group in (by_sketch, by_structure):
+            for _, k, s in sorted(group.values(), key=lambda t: (-t[0], t[1])):
+                if k not in keys:
+                    ahead.append(s)
+                    keys.add(k)
         return (ahead + [s for s in cands if s.key not in keys])[: len(cands)]
 
     def rerank(self, n: int, measured: set[str], rng: random.Random) -> list[Schedule]:
@@ -371,4 +391,4 @@ class EvolutionarySearch:
         return out
 
 
-__all__ = ["EvolutionarySearch", "FeatureCache", "score", "fanout", "search_workers"]
+__all__ = ["EvolutionarySearch", "FeatureCache", "score", "fanout", "search_workers", "structure"]

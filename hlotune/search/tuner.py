@@ -75,8 +75,9 @@ DEFAULT_TRIALS = 1000
 #: of the round comes from a new evolution (seeded with the measured bests, scored by the model that learnt them)
 #: instead of the first evolution's candidates ranked again
 WARM_EVOLVE_AFTER = 16
-#: ... and each of its first this many parts holds every sketch's best candidate as the model ranks it then (a
-#: pretrained model can rank one sketch far too high on a new task).  2 was tried (logs/search_s5b): no better
+#: ... and each of its first this many parts holds every sketch's and every annotation structure's best candidate
+#: as the model ranks it then (a pretrained model can rank one sketch, or one structure such as a serial GEMM, far
+#: too high on a new task).  2 was tried (logs/search_s5b): no better
 WARM_SKETCH_PARTS = 1
 #: per-subgraph early stopping: trials without improvement
 DEFAULT_EARLY_STOPPING = 256
@@ -570,10 +571,10 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
 
     def warm_up(i: int, cands: list[Schedule], stats: dict) -> list[Schedule]:
         """A fresh task's first round, ranked by a model that already ranks (pretrained), measured in parts
-        (setting tune_warmup), each sketch's best candidate in each of the first WARM_SKETCH_PARTS parts
-        (`sketch_bests_first`): after each part the model learns it and ranks the rest of the round's candidates
-        again (`rerank`: no new evolution), except once, past WARM_EVOLVE_AFTER trials, where a new evolution
-        proposes them.  Returns what is left of the round, for the usual path."""
+        (setting tune_warmup), each sketch's and each annotation structure's best candidate in each of the first
+        WARM_SKETCH_PARTS parts (`sketch_bests_first`): after each part the model learns it and ranks the rest of
+        the round's candidates again (`rerank`: no new evolution), except once, past WARM_EVOLVE_AFTER trials,
+        where a new evolution proposes them.  Returns what is left of the round, for the usual path."""
         nonlocal pending
         r = runs[i]
         evolved = False

@@ -355,37 +355,49 @@ def test_first_round_is_measured_in_parts_and_reranked(model, tmp_path, monkeypa
 
 def test_first_part_tries_each_sketch_best(model):
     """The first part of a fresh task's first round: the default-like seeds, then the model's best candidate of
-    every sketch (best first), then the batch as proposed; nothing lost or repeated."""
+    every sketch (best first), then the best of every annotation structure not yet among them (best first), then
+    the batch as proposed; nothing lost or repeated."""
     import random
 
     from hlotune.schedule_space.task import tasks_from_subgraphs
+    from hlotune.search.evolutionary import structure
     from hlotune.search.space import TaskSpace
     from tests.null.test_search import TARGET
 
     space = TaskSpace(tasks_from_subgraphs(model.frontend.subgraphs, TARGET)[0])
     ev = EvolutionarySearch(space, _pretrained(model), population=256, generations=1, workers=1)
-    cands = ev.propose(32, set(), random.Random(3))
+    cands = ev.propose(48, set(), random.Random(3))
     out = ev.sketch_bests_first(cands)
     assert len(out) == len(cands) and len({s.key for s in out}) == len(out)
     pool = {s.key for s in ev.pool} | {s.key for s in cands}
     assert all(s.key in pool for s in out)
-    seeds = [s for s in cands if s.key in {x.key for x in space.seeds}]
+    seed_keys = {x.key for x in space.seeds}
+    seeds = [s for s in cands if s.key in seed_keys]
     assert out[: len(seeds)] == seeds
-    sketches = {s.sketch for s in ev.pool if s.key not in {x.key for x in space.seeds}}
-    assert len(sketches) >= 2   # else the test shows nothing
-    best = {}
-    for s in ev.pool:
-        if s.key not in {x.key for x in space.seeds}:
-            v = ev.pool_score[s.key]
-            if s.sketch not in best or v > best[s.sketch][0]:
-                best[s.sketch] = (v, s.key)
-    head = out[len(seeds): len(seeds) + len(sketches)]
-    assert {s.key for s in head} == {k for _, k in best.values()}
-    assert [ev.pool_score[s.key] for s in head] == sorted((v for v, _ in best.values()), reverse=True)
+
+    def bests(group_of):
+        best = {}
+        for s in ev.pool:
+            if s.key not in seed_keys:
+                v, g = ev.pool_score[s.key], group_of(s)
+                if g not in best or (-v, s.key) < (-best[g][0], best[g][1]):
+                    best[g] = (v, s.key)
+        return best
+
+    by_sketch, by_structure = bests(lambda s: s.sketch), bests(structure)
+    assert len(by_sketch) >= 2 and len(by_structure) > len(by_sketch)   # else the test shows nothing
+    head = out[len(seeds): len(seeds) + len(by_sketch)]
+    assert {s.key for s in head} == {k for _, k in by_sketch.values()}
+    assert [ev.pool_score[s.key] for s in head] == sorted((v for v, _ in by_sketch.values()), reverse=True)
+    more = [(v, k) for v, k in by_structure.values() if k not in {s.key for s in head}]
+    n_ahead = len(seeds) + len(head) + len(more)
+    assert n_ahead < len(out)
+    mid = out[len(seeds) + len(head): n_ahead]
+    assert [s.key for s in mid] == [k for _, k in sorted(more, key=lambda t: (-t[0], t[1]))]
+    assert {structure(s) for s in out[:n_ahead]} >= set(by_structure)   # every structure is tried
     # the rest keeps the proposed order
-    rest = [s.key for s in out[len(seeds) + len(sketches):]]
-    assert rest == [s.key for s in cands if s.key not in {x.key for x in out[: len(seeds) + len(sketches)]}][
-        : len(rest)]
+    rest = [s.key for s in out[n_ahead:]]
+    assert rest == [s.key for s in cands if s.key not in {x.key for x in out[:n_ahead]}][: len(rest)]
 
 
 def test_first_round_in_one_piece_when_off_or_cold(model, tmp_path, monkeypatch):
