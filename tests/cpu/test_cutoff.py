@@ -105,3 +105,54 @@ def test_runner_goes_above_a_real_time_tuner():
         pytest.skip("this user may not use SCHED_RR")
     assert seen["old"] is None and "priority 2" in seen["how"]
     assert seen["search"] == (os.SCHED_RR, 1) and seen["runner"] == {(os.SCHED_RR, 2)}
+
+
+def test_second_visit_times_full_candidates_again(task):
+    """`revisit`: each candidate timed in full gets that many more repeats after the whole batch, without cutoffs;
+    one cut off early keeps its one repeat; the costs of both visits are the candidate's (same order of speed)."""
+    naive = MeasureInput(task, Schedule(task.key, ()))
+    tiled = MeasureInput(task, Schedule(task.key, tuple(default_schedule(task.compute, TARGET))))
+    with ProgramMeasurer(LocalBuilder(n_workers=1, timeout=20), LocalRunner(TIMING, timeout=20, cutoff=3.0),
+                         revisit=2) as m:
+        ref, slow0 = m.measure_batch([tiled, naive])   # no best known yet: both timed in full, both revisited
+        assert len(ref.costs) == len(slow0.costs) == 5 and m.stats["revisited"] == 2
+        m.runner.set_best({task.key: slow0.median / 30})
+        slow, fast = m.measure_batch([naive, tiled])
+    assert slow.valid and fast.valid
+    assert len(slow.costs) == 1 and len(fast.costs) == 5 and m.stats["revisited"] == 3
+    for r in (ref, fast, slow0):   # the second visit times the same kernel: within the noise of the first
+        first, second = min(r.costs[:3]), min(r.costs[3:])
+        assert first / 5 < second < first * 5
+
+
+def test_second_visit_failure_is_recorded():
+    """A candidate that fails on its second visit is recorded with that error, named as the second visit's."""
+    from hlotune.measure.records import BuildResult, ErrorKind, MeasureResult
+
+    class Runner:
+        timing = TIMING
+
+        def __init__(self):
+            self.calls = []
+
+        def run_one(self, data, build, fault=None, timing=None):
+            self.calls.append(timing)
+            if timing is None:
+                return MeasureResult((1e-3, 1e-3, 1e-3), build_s=0.1, run_s=0.5)
+            return MeasureResult((), ErrorKind.RUNTIME, "runner process died (signal 11)", 0.0, 0.2)
+
+    class Builder:
+        def build(self, jobs, on_result=None):
+            return [BuildResult(obj=b"x", symbol="k", build_s=0.1) for _ in jobs]
+
+        def close(self):
+            pass
+
+    m = hlotune.load_model(model_path("mlp2", "bench.hlo"))
+    t = tasks_from_subgraphs(m.frontend.subgraphs, TARGET)[0]
+    runner = Runner()
+    meas = ProgramMeasurer(Builder(), runner, revisit=1)
+    (r,) = meas.measure_batch([MeasureInput(t, Schedule(t.key, ()))])
+    assert runner.calls[0] is None and runner.calls[1].repeats == 1 and runner.calls[1].cutoff_s == 0.0
+    assert not r.valid and r.error_kind is ErrorKind.RUNTIME and "second timing visit" in r.error_msg
+    assert r.build_s == 0.1 and abs(r.run_s - 0.7) < 1e-9
