@@ -90,11 +90,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("measure_cutoff", float, 1.5, "a candidate whose first timed repeat is more than this many times slower "
                                           "than its task's best stops there (recorded with that repeat; 0: off); "
                                           "one whose checked first call is twice that slow stops before timing"),
-    Setting("measure_revisit", int, 0,
-            "repeats of a second timing visit, after the rest of its batch, for each candidate timed in full (not "
-            "cut off early; the local measurer); its costs join the first visit's (0: off).  The host can run a "
-            "process slower for 0.3-2 s at a time, so the repeats of one visit can share a slowdown "
-            "(docs/benchmarks.md, session 25)"),
     Setting("tune_pipeline", lambda t: _choice(t, ("auto", "on", "off")), "auto",
             "search the next batch while one is measured: auto (when the CPU runner times at real-time priority, "
             "HLOTUNE_MEASURE_REALTIME, or on cuda), on or off"),

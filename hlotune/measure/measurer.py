@@ -1,7 +1,7 @@
 """ProgramMeasurer: build a batch of candidates in parallel, run each in the isolated runner.
 
 Map:
-  ProgramMeasurer(builder, runner, seed, overlap, fault_hook, revisit)
+  ProgramMeasurer(builder, runner, seed, overlap, fault_hook)
     .measure_batch(inputs) -> list[MeasureResult]     in input order; never raises for a candidate
     .abort()  (any thread) the batch in progress stops after its current candidate (KeyboardInterrupt), as
               does every later one; for a tuner whose measuring thread must end at Ctrl-C
@@ -20,13 +20,6 @@ is built, so building overlaps running.  Overlap is off by default on the CPU: b
 compiling on the cores the runner is timing on disturb the measurements (parallel kernels use every
 core).  On a 2-core machine it gains little anyway: building costs ~20 ms per candidate over two
 workers against ~110 ms of timing (benchmarks/measure_overhead.py measures both).
-
-With `revisit` (setting `measure_revisit`: a number of repeats; off by default), each candidate timed in full
-(valid, not stopped by an early cutoff) is timed again once the whole batch has run, `revisit` repeats without
-cutoffs, and those costs are appended to its first visit's.  The host of a shared VM can run a process slower
-for 0.3-2 s at a time, so the repeats of one visit can all fall in such a phase; a visit seconds later usually
-does not (the cost model learns the fastest repeat).  A candidate that fails on its second visit (it crashed, hung
-or answered wrong there) is recorded with that error.
 """
 
 from __future__ import annotations
@@ -35,9 +28,8 @@ import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from .. import config
 from .builder import BuildJob, LocalBuilder
 from .records import BuildResult, ErrorKind, MeasureInput, MeasureResult
 from .reference import TaskData, task_data
@@ -87,14 +79,12 @@ class ProgramMeasurer:
     """Measures batches of candidates; keeps its worker processes between batches."""
 
     def __init__(self, builder: LocalBuilder | None = None, runner: LocalRunner | None = None, *,
-                 seed: int = 0, overlap: bool = False, fault_hook: FaultHook | None = None,
-                 revisit: int | None = None):
+                 seed: int = 0, overlap: bool = False, fault_hook: FaultHook | None = None):
         self.builder = builder or LocalBuilder()
         self.runner = runner or LocalRunner()
         self.seed = seed
         self.overlap = overlap
         self.fault_hook = fault_hook
-        self.revisit = max(0, int(config.get("measure_revisit") if revisit is None else revisit))
         self.stats = {"batches": 0, "candidates": 0, "wall_s": 0.0, "build_wall_s": 0.0, "run_wall_s": 0.0}
         self._abort = threading.Event()
 
@@ -143,9 +133,8 @@ class ProgramMeasurer:
         jobs, faults = self._jobs(inputs)
         data = self._data(inputs)
         results: list[MeasureResult | None] = [None] * len(inputs)
-        builds: list[BuildResult | None] = [None] * len(inputs)
         if not self.overlap:
-            builds = list(self.builder.build(jobs))
+            builds = self.builder.build(jobs)
             t1 = time.perf_counter()
             for i, (inp, b) in enumerate(zip(inputs, builds)):
                 results[i] = self._run(inp, data[inp.task.key], b, faults[i])
@@ -170,33 +159,14 @@ class ProgramMeasurer:
                 if item is None:
                     break
                 i, b = item
-                builds[i] = b
                 results[i] = self._run(inputs[i], data[inputs[i].task.key], b, faults[i])
             th.join()
             if err:
                 raise err[0]
-        if self.revisit:
-            self._revisit(inputs, data, builds, results)
         self.stats["batches"] += 1
         self.stats["candidates"] += len(inputs)
         self.stats["wall_s"] += time.perf_counter() - t0
         return results  # type: ignore[return-value]
-
-    def _revisit(self, inputs, data, builds, results) -> None:
-        """The second timing visit of each candidate timed in full (see the module docstring), in place."""
-        timing = replace(self.runner.timing, repeats=self.revisit, cutoff_s=0.0, cutoff2_s=0.0)
-        for i, r in enumerate(results):
-            if r is None or not r.valid or builds[i] is None or len(r.costs) < self.runner.timing.repeats:
-                continue
-            if self._abort.is_set():
-                raise KeyboardInterrupt("measurement aborted")
-            again = self.runner.run_one(data[inputs[i].task.key], builds[i], None, timing=timing)
-            self.stats["revisited"] = self.stats.get("revisited", 0) + 1
-            if again.valid:
-                results[i] = replace(r, costs=r.costs + again.costs, run_s=r.run_s + again.run_s)
-            else:
-                results[i] = replace(again, error_msg=f"on its second timing visit: {again.error_msg}",
-                                     build_s=r.build_s, run_s=r.run_s + again.run_s)
 
     def close(self) -> None:
         """Stop the builder and runner processes."""

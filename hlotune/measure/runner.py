@@ -4,7 +4,6 @@ Map:
   TimingConfig     warm-up, repeats, minimum time per repeat, cache flush, early cutoff
   LocalRunner(timing, timeout, memory_bytes, target, cutoff)
     .run(task_data, builds, faults) -> list[MeasureResult]   one candidate at a time
-    .run_one(task_data, build, fault, timing=None)          one candidate (`timing`: instead of the runner's)
     .set_best({task key: seconds})   the tuner's per-task best, for the early cutoff of hopeless candidates
     .realtime() -> bool              whether the runner process really times at SCHED_RR
     .set_priority(p) -> bool         time at SCHED_RR priority p (above a tuner that itself runs real-time)
@@ -374,10 +373,8 @@ class LocalRunner:
         w = self._ensure()
         return w is not None and set_rr(w.proc.pid, self.priority)
 
-    def run_one(self, data: TaskData, build: BuildResult, fault: str | None = None,
-                timing: TimingConfig | None = None) -> MeasureResult:
-        """Measure one built candidate of the task whose TaskData is `data` (`timing`: instead of the runner's,
-        with the task's cutoffs)."""
+    def run_one(self, data: TaskData, build: BuildResult, fault: str | None = None) -> MeasureResult:
+        """Measure one built candidate of the task whose TaskData is `data`."""
         if not build.ok:
             return MeasureResult((), build.error_kind, build.error_msg, build.build_s, 0.0)
         w = self._ensure()
@@ -388,7 +385,7 @@ class LocalRunner:
             if data.key not in self._sent:
                 w.send(("task", data))
                 self._sent.add(data.key)
-            w.send(("run", data.key, build, timing or self._timing(data.key), fault))
+            w.send(("run", data.key, build, self._timing(data.key), fault))
         except Exception as e:
             self._kill()
             return MeasureResult((), ErrorKind.UNKNOWN, f"cannot send the candidate to the runner: {e}",
