@@ -9,6 +9,8 @@ Map:
     .sketch_bests_first(cands) -> list[Schedule]      the same batch with each sketch's and each annotation
                                                       structure's best candidate up front (the first part of a
                                                       fresh task's first round)
+    .twins(measured, rng) -> list[Schedule]           the fastest measured schedules with their packing toggled
+                                                      (tried first in the first round's later parts)
   structure(schedule) -> tuple                        sketch, stages with parallel / vectorized loops, packed buffers
   score(space, model, schedules, cache) -> ndarray    predicted scores (higher = faster), features cached
   fanout(fn, jobs, workers, finish=)                  a round's sampling / children chunks (CHUNKS, each its own
@@ -47,6 +49,8 @@ import numpy as np
 
 from .. import config
 from ..schedule_space.loop_ir import ForKind
+from ..schedule_space.mutate import mutate_pack
+from ..schedule_space.sketch import Sketch
 from ..schedule_space.steps import Annotate, Pack, Schedule
 from .space import TaskSpace, crossover, mutate, sample_random  # per sketch kind (CPU / GPU)
 
@@ -54,6 +58,9 @@ from .space import TaskSpace, crossover, mutate, sample_random  # per sketch kin
 FEATURE_CACHE = 20000
 #: measured schedules kept as seeds per task
 KEEP_BEST = 256
+#: `twins`: the packing of this many of the fastest measured schedules is toggled (tries per schedule: TWIN_TRIES)
+TWIN_BESTS = 2
+TWIN_TRIES = 4
 #: a round's sampling and each generation's children are cut into this many chunks, each with its own random
 #: stream, so that the candidates do not depend on how many processes make them
 CHUNKS = 4
@@ -372,6 +379,26 @@ class EvolutionarySearch:
                     ahead.append(s)
                     keys.add(k)
         return (ahead + [s for s in cands if s.key not in keys])[: len(cands)]
+
+    def twins(self, measured: set[str], rng: random.Random) -> list[Schedule]:
+        """The TWIN_BESTS fastest measured schedules with their B-operand packing toggled (`mutate_pack`: packed
+        ones unpacked, unpacked ones packed), those not yet measured, fastest's first.  The first round's later
+        parts try them first: a structure judged by one poorly tiled representative (`sketch_bests_first`)
+        looks slow, and the model then keeps it out; with the best tiling found so far it gets a fair trial.
+        On small GEMMs the pack costs more than it saves, and the finals of 4 of the 5 from-scratch runs
+        of session 25 that missed the 15 % target differ from their early best in it (docs/benchmarks.md)."""
+        out: list[Schedule] = []
+        seen = set(measured)
+        for _, _, s in self.best[:TWIN_BESTS]:
+            sk = self.space.sketch_of(s)
+            if not isinstance(sk, Sketch) or not any(site.pack for site in sk.sites):
+                continue
+            for _ in range(TWIN_TRIES):
+                t = mutate_pack(sk, s, rng)
+                if t is not None and t.key not in seen:
+                    out.append(t)
+                    seen.add(t.key)
+        return out
 
     def rerank(self, n: int, measured: set[str], rng: random.Random) -> list[Schedule]:
         """Up to `n` more schedules from the last round's scored candidates, ranked again by the model as it is

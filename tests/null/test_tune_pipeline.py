@@ -337,6 +337,15 @@ def test_first_round_is_measured_in_parts_and_reranked(model, tmp_path, monkeypa
         return original_first(self, cands)
 
     monkeypatch.setattr(EvolutionarySearch, "sketch_bests_first", sketch_bests_first)
+    twins = []
+    original_twins = EvolutionarySearch.twins
+
+    def record_twins(self, measured, rng):
+        out = original_twins(self, measured, rng)
+        twins.append([s.key for s in out])
+        return out
+
+    monkeypatch.setattr(EvolutionarySearch, "twins", record_twins)
     monkeypatch.setenv("HLOTUNE_TUNE_WARMUP", "8,8,16,16")
     meas = SizesMeasurer()
     cm = _pretrained(model)
@@ -351,6 +360,49 @@ def test_first_round_is_measured_in_parts_and_reranked(model, tmp_path, monkeypa
     assert proposals["n"] == 2
     # the first part (after the default) is the batch with every sketch's best up front (WARM_SKETCH_PARTS = 1)
     assert len(first) == 1 and meas.seen[1:9] == first[0][:8]
+    # every later part (and the round's rest) starts with the bests' twins (packing toggled) as they were then
+    assert len(twins) == 4 and any(twins)
+    for tw, start in zip(twins, (9, 17, 33, 49)):
+        assert meas.seen[start: start + len(tw)] == tw
+
+
+def test_twins_toggle_the_packing_of_the_measured_bests(model):
+    """`twins`: the TWIN_BESTS fastest measured schedules with their B packing toggled, same sketch and tiling,
+    none measured before, none twice; unmeasured or unpackable bests give none."""
+    import random
+
+    from hlotune.schedule_space.mutate import mutate_pack
+    from hlotune.schedule_space.steps import Pack, Split
+    from hlotune.schedule_space.task import tasks_from_subgraphs
+    from hlotune.search.evolutionary import TWIN_BESTS, structure
+    from hlotune.search.space import TaskSpace, sample_random
+    from tests.null.test_search import TARGET
+
+    space = TaskSpace(tasks_from_subgraphs(model.frontend.subgraphs, TARGET)[0])
+    ev = EvolutionarySearch(space, _learned(), population=64, generations=1, workers=1)
+    assert ev.twins(set(), random.Random(0)) == []                       # nothing measured yet
+    packable = {sk.id for sk in space.sketches if any(site.pack for site in sk.sites)}
+    scheds = [s for s in sample_random(space, random.Random(1), 200) if s.sketch in packable]
+    packed = [s for s in scheds if any(isinstance(st, Pack) for st in s.steps)]
+    assert len(packed) >= 2                                              # else the test shows nothing
+    # an unpacked best whose tiling allows packing: packed[1] unpacked (tiles whose innermost j tile does not
+    # divide the axis, or is 1, cannot be packed: those give no twin)
+    plain = mutate_pack(space.sketch_of(packed[1]), packed[1], random.Random(0))
+    assert plain is not None and not any(isinstance(st, Pack) for st in plain.steps)
+    bests = [packed[0], plain]
+    rest = [s for s in scheds if s.key not in {packed[0].key, packed[1].key, plain.key}][:20]
+    ev.observe(bests + rest, [1.0, 2.0] + [5.0] * len(rest))
+    measured = {s.key for s in bests + rest}
+    tw = ev.twins(measured, random.Random(2))
+    assert tw and len({t.key for t in tw}) == len(tw) and not any(t.key in measured for t in tw)
+
+    def tiles(s):
+        return [st.factors for st in s.steps if isinstance(st, Split) and not st.stage.endswith(".pack")]
+
+    for t in tw:
+        parent = next(b for b in bests[:TWIN_BESTS] if b.sketch == t.sketch and tiles(b) == tiles(t))
+        assert structure(t)[2] != structure(parent)[2]                  # packed buffers differ
+    assert any(structure(t)[2] == () for t in tw) and any(structure(t)[2] for t in tw)   # both ways
 
 
 def test_first_part_tries_each_sketch_best(model):
