@@ -50,9 +50,8 @@ def apply_sets(sets: list[str]) -> dict:
     return params
 
 
-def one_run(path: str, model_path: str, n: int, params: dict, prior: float) -> dict:
-    samples = samples_from_db(path)
-    feats = M.features_of_samples(samples)
+def one_run(samples: list, feats: list, model_path: str, n: int, params: dict, prior: float) -> dict:
+    """The metrics of one run's records after n (the records of one database and their features)."""
     model = M.CostModel.load(model_path)
     model.params.update(params)
     for a, b in PARTS:
@@ -83,8 +82,10 @@ def main(argv=None) -> int:
     warnings.simplefilter("ignore")
     res: dict[tuple[str, int], list[dict]] = {}
     for path in a.dbs:
+        samples = samples_from_db(path)
+        feats = M.features_of_samples(samples)
         for n in a.n:
-            m = one_run(path, a.model, n, params, a.prior)
+            m = one_run(samples, feats, a.model, n, params, a.prior)
             if m:
                 res.setdefault((kind_of(path), n), []).append(m)
     label = " ".join(a.set + ([f"prior={a.prior}"] if a.prior else [])) or "as shipped"

@@ -50,7 +50,6 @@ import numpy as np
 from .. import config
 from ..schedule_space.loop_ir import ForKind
 from ..schedule_space.mutate import mutate_pack
-from ..schedule_space.sketch import Sketch
 from ..schedule_space.steps import Annotate, Pack, Schedule
 from .space import TaskSpace, crossover, mutate, sample_random  # per sketch kind (CPU / GPU)
 
@@ -385,13 +384,12 @@ class EvolutionarySearch:
         ones unpacked, unpacked ones packed), those not yet measured, fastest's first.  The first round's later
         parts try them first: a structure judged by one poorly tiled representative (`sketch_bests_first`)
         looks slow, and the model then keeps it out; with the best tiling found so far it gets a fair trial.
-        On small GEMMs the pack costs more than it saves, and the finals of 4 of the 5 from-scratch runs
-        of session 25 that missed the 15 % target differ from their early best in it (docs/benchmarks.md)."""
+        On small GEMMs the pack costs more than it saves (docs/benchmarks.md, search, session 26)."""
         out: list[Schedule] = []
         seen = set(measured)
         for _, _, s in self.best[:TWIN_BESTS]:
             sk = self.space.sketch_of(s)
-            if not isinstance(sk, Sketch) or not any(site.pack for site in sk.sites):
+            if sk is None or not any(site.pack for site in sk.sites):   # GPU sketches have no annotation sites
                 continue
             for _ in range(TWIN_TRIES):
                 t = mutate_pack(sk, s, rng)
