@@ -7,6 +7,9 @@ Map:
   mutate_compute_location(sketch, schedule, rng)  another compute location for one location site
   mutate_parallel(sketch, schedule, rng)          another number of fused outer loops made parallel
   mutate_pack(sketch, schedule, rng)              pack the B operand of a tiled stage, or stop packing it
+  outward_moves(sketch, schedule)                 every schedule with one level's smallest prime factor moved
+                                                  to its tile's outer loop, parallel loops fused anew (each
+                                                  count): more, smaller parallel tasks or outer k blocks
   crossover(sketch, a, b, rng)                    each tile hole and each annotation site from one parent
   MUTATIONS                                       (name, function, weight): tile size the most
 
@@ -130,6 +133,39 @@ def mutate_parallel(sketch: Sketch, schedule: Schedule, rng=None) -> Schedule | 
 def mutate_pack(sketch: Sketch, schedule: Schedule, rng=None) -> Schedule | None:
     """Pack a tiled stage's B operand or stop packing it."""
     return _mutate_site(sketch, schedule, rng, "pack", "pack")
+
+
+def _smallest_prime(n: int) -> int:
+    return next((p for p in range(2, int(n ** 0.5) + 1) if n % p == 0), n)
+
+
+def outward_moves(sketch: Sketch, schedule: Schedule, max_par: int = 3) -> list[Schedule]:
+    """The schedules one outward move away: in one tile hole, one level's factor divided by its smallest prime,
+    which multiplies the hole's outer loop (the rest of the extent), with each parallel fuse count 1..max_par
+    at each parallel site (the other decisions kept; moves that do not replay are skipped).  Deterministic,
+    in hole, level, count order.  Where the tiles leave the outer loops at extent 1 nothing can run in
+    parallel; a move gives the threads work, or more of it in smaller pieces."""
+    d = _decode(sketch, schedule)
+    if d is None:
+        return []
+    psites = [k for k, site in enumerate(sketch.sites) if site.parallel]
+    out: list[Schedule] = []
+    seen = {schedule.key}
+    for h, f in enumerate(d.tiles):
+        for lv, x in enumerate(f):
+            if x < 2:
+                continue
+            tiles = d.tiles[:h] + (f[:lv] + (x // _smallest_prime(x),) + f[lv + 1:],) + d.tiles[h + 1:]
+            pars = [d.par] + [d.par[:k] + (j,) + d.par[k + 1:] for k in psites for j in range(1, max_par + 1)]
+            for par in pars:
+                try:
+                    s = realize(sketch, replace(d, tiles=tiles, par=par), None, schedule.workload_key)
+                except ScheduleError:
+                    continue
+                if s.key not in seen:
+                    seen.add(s.key)
+                    out.append(s)
+    return out
 
 
 def crossover(sketch: Sketch, a: Schedule, b: Schedule, rng=None) -> Schedule | None:

@@ -9,8 +9,9 @@ Map:
     .sketch_bests_first(cands) -> list[Schedule]      the same batch with each sketch's and each annotation
                                                       structure's best candidate up front (the first part of a
                                                       fresh task's first round)
-    .twins(measured, rng) -> list[Schedule]           the fastest measured schedules with their packing toggled
-                                                      (tried first in the first round's later parts)
+    .twins(measured, rng) -> list[Schedule]           the fastest measured schedules with their packing toggled,
+                                                      and the model's best outward moves of the fastest (tried
+                                                      first in the first round's later parts)
   structure(schedule) -> tuple                        sketch, stages with parallel / vectorized loops, packed buffers
   score(space, model, schedules, cache) -> ndarray    predicted scores (higher = faster), features cached
   fanout(fn, jobs, workers, finish=)                  a round's sampling / children chunks (CHUNKS, each its own
@@ -49,7 +50,7 @@ import numpy as np
 
 from .. import config
 from ..schedule_space.loop_ir import ForKind
-from ..schedule_space.mutate import mutate_pack
+from ..schedule_space.mutate import mutate_pack, outward_moves
 from ..schedule_space.steps import Annotate, Pack, Schedule
 from .space import TaskSpace, crossover, mutate, sample_random  # per sketch kind (CPU / GPU)
 
@@ -60,6 +61,8 @@ KEEP_BEST = 256
 #: `twins`: the packing of this many of the fastest measured schedules is toggled (tries per schedule: TWIN_TRIES)
 TWIN_BESTS = 2
 TWIN_TRIES = 4
+#: `twins`: this many of the fastest measured schedule's `outward_moves` (parallel granularity), the model's best
+TWIN_MOVES = 2
 #: a round's sampling and each generation's children are cut into this many chunks, each with its own random
 #: stream, so that the candidates do not depend on how many processes make them
 CHUNKS = 4
@@ -384,7 +387,8 @@ class EvolutionarySearch:
         ones unpacked, unpacked ones packed), those not yet measured, fastest's first.  The first round's later
         parts try them first: a structure judged by one poorly tiled representative (`sketch_bests_first`)
         looks slow, and the model then keeps it out; with the best tiling found so far it gets a fair trial.
-        On small GEMMs the pack costs more than it saves (docs/benchmarks.md, search, session 26)."""
+        On small GEMMs the pack costs more than it saves (docs/benchmarks.md, search, session 26).  Then the
+        model's TWIN_MOVES best `outward_moves` of the fastest (`_moves`)."""
         out: list[Schedule] = []
         seen = set(measured)
         for _, _, s in self.best[:TWIN_BESTS]:
@@ -396,7 +400,21 @@ class EvolutionarySearch:
                 if t is not None and t.key not in seen:
                     out.append(t)
                     seen.add(t.key)
-        return out
+        return out + self._moves(seen)
+
+    def _moves(self, seen: set[str]) -> list[Schedule]:
+        """The model's TWIN_MOVES best `outward_moves` of the fastest measured schedule not in `seen`: the
+        parallel granularity of a well-tiled schedule, which the model hardly tells apart from its parent
+        (docs/benchmarks.md, search, session 27)."""
+        sk = self.space.sketch_of(self.best[0][2]) if self.best and TWIN_MOVES > 0 else None
+        if sk is None or not any(site.parallel for site in sk.sites):
+            return []
+        moves = [m for m in outward_moves(sk, self.best[0][2]) if m.key not in seen]
+        if not moves:
+            return []
+        sc = score(self.space, self.model, moves, self.cache)
+        order = sorted((j for j in range(len(moves)) if np.isfinite(sc[j])), key=lambda j: (-sc[j], moves[j].key))
+        return [moves[j] for j in order[:TWIN_MOVES]]
 
     def rerank(self, n: int, measured: set[str], rng: random.Random) -> list[Schedule]:
         """Up to `n` more schedules from the last round's scored candidates, ranked again by the model as it is

@@ -34,6 +34,7 @@ from hlotune.schedule_space.mutate import (
     mutate_parallel,
     mutate_tile_size,
     mutate_unroll,
+    outward_moves,
 )
 from hlotune.schedule_space.sketch import generate_sketches, needs_multi_level_tiling, needs_rfactor
 from hlotune.schedule_space.state import replay
@@ -299,6 +300,39 @@ def test_compute_location_and_parallel_mutations_change_those_decisions():
     s = sample_schedules(sk, task, 0, 1)[0]
     c = mutate_parallel(sk, s, rng)
     assert c is not None and decisions_of(sk, c).par != decisions_of(sk, s).par
+
+
+def test_outward_moves_split_work_outward_and_compute_right():
+    """`outward_moves`: one level of one tile hole divided by its smallest prime (the hole's outer loop takes it),
+    parallel fuse counts drawn anew, other decisions kept; each valid, distinct, computing the right values."""
+    for name, k in (("dense_bias_relu", 0), ("conv2d_bias_relu", 0)):
+        sg = _subgraphs(name, "hlo")[k]
+        task, cd = _task(sg), sg.workload.compute
+        ins, want = _io(sg, 2)
+        sk = next(x for x in generate_sketches(task) if x.has_holes and any(site.parallel for site in x.sites))
+        s = max(sample_schedules(sk, task, 5, 40), key=lambda x: sum(sum(f) for f in decisions_of(sk, x).tiles))
+        d = decisions_of(sk, s)
+        moves = outward_moves(sk, s)
+        assert moves and len({m.key for m in moves}) == len(moves) and s.key not in {m.key for m in moves}
+        assert [m.key for m in outward_moves(sk, s)] == [m.key for m in moves]        # deterministic
+        pars = set()
+        for m in moves:
+            dm = decisions_of(sk, m)
+            changed = [(a, b) for a, b in zip(d.tiles, dm.tiles) if a != b]
+            assert len(changed) == 1
+            (a, b), = changed
+            lv = [j for j in range(len(a)) if a[j] != b[j]]
+            assert len(lv) == 1 and a[lv[0]] % b[lv[0]] == 0 and all(
+                (a[lv[0]] // b[lv[0]]) % q for q in range(2, a[lv[0]] // b[lv[0]]))     # a prime
+            assert (dm.loc, dm.vec, dm.unroll, dm.pack) == (d.loc, d.vec, d.unroll, d.pack)
+            pars.add(dm.par)
+            check_state(replay(cd, m.steps))
+        assert len(pars) >= 2                                                            # counts drawn anew
+        for m in moves[:: max(1, len(moves) // 4)]:
+            _check_numerics(cd, m, ins, want, f"{name} outward move")
+    flat = realize(sk, type(d)(tuple((1,) * len(t) for t in d.tiles), d.loc, d.par, d.vec, d.unroll, d.pack),
+                   random.Random(0), s.workload_key)
+    assert all(all(x == 1 for x in t) for t in decisions_of(sk, flat).tiles) and outward_moves(sk, flat) == []
 
 
 def test_decisions_of_rejects_other_sketches():

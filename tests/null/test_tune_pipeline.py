@@ -366,10 +366,13 @@ def test_first_round_is_measured_in_parts_and_reranked(model, tmp_path, monkeypa
         assert meas.seen[start: start + len(tw)] == tw
 
 
-def test_twins_toggle_the_packing_of_the_measured_bests(model):
+def test_twins_toggle_the_packing_of_the_measured_bests(model, monkeypatch):
     """`twins`: the TWIN_BESTS fastest measured schedules with their B packing toggled, same sketch and tiling,
-    none measured before, none twice; unmeasured or unpackable bests give none."""
+    none measured before, none twice; unmeasured or unpackable bests give none (the outward moves, tested
+    below, left out)."""
     import random
+
+    monkeypatch.setattr("hlotune.search.evolutionary.TWIN_MOVES", 0)
 
     from hlotune.schedule_space.mutate import mutate_pack
     from hlotune.schedule_space.steps import Pack, Split
@@ -403,6 +406,37 @@ def test_twins_toggle_the_packing_of_the_measured_bests(model):
         parent = next(b for b in bests[:TWIN_BESTS] if b.sketch == t.sketch and tiles(b) == tiles(t))
         assert structure(t)[2] != structure(parent)[2]                  # packed buffers differ
     assert any(structure(t)[2] == () for t in tw) and any(structure(t)[2] for t in tw)   # both ways
+
+
+def test_twins_end_with_the_models_best_outward_moves_of_the_fastest(model):
+    """After the packing twins, `twins` adds the TWIN_MOVES outward moves of the fastest measured schedule that
+    the model scores highest, none measured; a measured move is skipped for the next one."""
+    import random
+
+    from hlotune.schedule_space.mutate import outward_moves
+    from hlotune.schedule_space.task import tasks_from_subgraphs
+    from hlotune.search.evolutionary import TWIN_MOVES, score
+    from hlotune.search.space import TaskSpace, sample_random
+    from tests.null.test_search import TARGET
+
+    space = TaskSpace(tasks_from_subgraphs(model.frontend.subgraphs, TARGET)[0])
+    scheds = [s for s in sample_random(space, random.Random(4), 120)
+              if any(site.parallel for site in space.sketch_of(s).sites)]
+    learned = _learned().fit([(space.task, s, (synthetic_cost(s),)) for s in scheds[:60]])
+    ev = EvolutionarySearch(space, learned, population=64, generations=1, workers=1)
+    best = next(s for s in scheds[60:] if len(outward_moves(space.sketch_of(s), s)) > TWIN_MOVES + 1)
+    rest = [s for s in scheds[60:] if s.key != best.key][:10]
+    ev.observe([best] + rest, [1.0] + [5.0] * len(rest))
+    moves = outward_moves(space.sketch_of(best), best)
+    sc = score(space, learned, moves, None)
+    want = [moves[j] for j in sorted(range(len(moves)), key=lambda j: (-sc[j], moves[j].key))]
+    measured = {s.key for s in [best] + rest}
+    tw = ev.twins(measured, random.Random(0))
+    got = [t for t in tw if t.key in {m.key for m in moves}]
+    assert [t.key for t in got] == [m.key for m in want[:TWIN_MOVES]] and tw[-len(got):] == got
+    assert len(set(sc[:])) >= 2                                          # the model tells the moves apart
+    tw2 = ev.twins(measured | {want[0].key}, random.Random(0))
+    assert [t.key for t in tw2 if t.key in {m.key for m in moves}] == [m.key for m in want[1:TWIN_MOVES + 1]]
 
 
 def test_first_part_tries_each_sketch_best(model):
