@@ -404,7 +404,7 @@ class EvolutionarySearch:
 
     def _moves(self, seen: set[str]) -> list[Schedule]:
         """The model's TWIN_MOVES best `outward_moves` of the fastest measured schedule not in `seen`: the
-        parallel granularity of a well-tiled schedule, which the model hardly tells apart from its parent
+        parallel granularity of a well-tiled schedule, which the evolution's random mutations reach late
         (docs/benchmarks.md, search, session 27)."""
         sk = self.space.sketch_of(self.best[0][2]) if self.best and TWIN_MOVES > 0 else None
         if sk is None or not any(site.parallel for site in sk.sites):
