@@ -50,13 +50,19 @@ def apply_sets(sets: list[str]) -> dict:
     return params
 
 
-def one_run(samples: list, feats: list, model_path: str, n: int, params: dict, prior: float) -> dict:
-    """The metrics of one run's records after n (the records of one database and their features)."""
+def adapted(model_path: str, samples: list, n: int, params: dict | None = None):
+    """The pretrained model warm-started on a run's first n records in the tuner's warm-up parts."""
     model = M.CostModel.load(model_path)
-    model.params.update(params)
+    model.params.update(params or {})
     for a, b in PARTS:
         if b <= n:
             model.update(samples[a:b])
+    return model
+
+
+def one_run(samples: list, feats: list, model_path: str, n: int, params: dict, prior: float) -> dict:
+    """The metrics of one run's records after n (the records of one database and their features)."""
+    model = adapted(model_path, samples, n, params)
     rest = [i for i in range(n, len(samples)) if samples[i].costs and feats[i] is not None]
     if len(rest) < 8:
         return {}

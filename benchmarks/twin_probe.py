@@ -39,19 +39,12 @@ from hlotune.schedule_space.task import Task  # noqa: E402
 from hlotune.search.space import TaskSpace  # noqa: E402
 from hlotune.target import Target  # noqa: E402
 
-PARTS = ((0, 8), (8, 16), (16, 32), (32, 48), (48, 64))
-
 
 def model_scores(path: str, db: str, n: int, task, schedules) -> list[float]:
-    import hlotune.cost_model.model as M
+    from benchmarks.cost_model_adapt import adapted
     from hlotune.search.cost_model_cli import samples_from_db
 
-    model = M.CostModel.load(path)
-    samples = samples_from_db(db)
-    for a, b in PARTS:
-        if b <= n:
-            model.update(samples[a:b])
-    return [float(x) for x in model.predict(task, schedules)]
+    return [float(x) for x in adapted(path, samples_from_db(db), n).predict(task, schedules)]
 
 
 def main(argv=None) -> int:

@@ -135,10 +135,6 @@ def mutate_pack(sketch: Sketch, schedule: Schedule, rng=None) -> Schedule | None
     return _mutate_site(sketch, schedule, rng, "pack", "pack")
 
 
-def _smallest_prime(n: int) -> int:
-    return next((p for p in range(2, int(n ** 0.5) + 1) if n % p == 0), n)
-
-
 def outward_moves(sketch: Sketch, schedule: Schedule, max_par: int = 3) -> list[Schedule]:
     """The schedules one outward move away: in one tile hole, one level's factor divided by its smallest prime,
     which multiplies the hole's outer loop (the rest of the extent), with each parallel fuse count 1..max_par
@@ -149,14 +145,15 @@ def outward_moves(sketch: Sketch, schedule: Schedule, max_par: int = 3) -> list[
     if d is None:
         return []
     psites = [k for k, site in enumerate(sketch.sites) if site.parallel]
+    pars = [d.par] + [d.par[:k] + (j,) + d.par[k + 1:] for k in psites for j in range(1, max_par + 1)]
     out: list[Schedule] = []
     seen = {schedule.key}
     for h, f in enumerate(d.tiles):
         for lv, x in enumerate(f):
             if x < 2:
                 continue
-            tiles = d.tiles[:h] + (f[:lv] + (x // _smallest_prime(x),) + f[lv + 1:],) + d.tiles[h + 1:]
-            pars = [d.par] + [d.par[:k] + (j,) + d.par[k + 1:] for k in psites for j in range(1, max_par + 1)]
+            p = divisors(x)[1]   # its smallest prime
+            tiles = d.tiles[:h] + (f[:lv] + (x // p,) + f[lv + 1:],) + d.tiles[h + 1:]
             for par in pars:
                 try:
                     s = realize(sketch, replace(d, tiles=tiles, par=par), None, schedule.workload_key)
