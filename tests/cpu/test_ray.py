@@ -7,7 +7,10 @@ from the nodes announcing it), the detected host target, and the number of trial
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
+import os
 import random
+import sys
 import threading
 import time
 
@@ -31,6 +34,30 @@ FAST = TimingConfig(warmup_ms=1.0, repeats=2, min_repeat_ms=1.0)
 SLOW = TimingConfig(warmup_ms=1.0, repeats=2, min_repeat_ms=25.0)
 STORE = 80 << 20
 SEARCH = dict(population=64, generations=1, progress=False, write_log=False)
+#: the whole module (cluster start, three tests, shutdown) takes about 25 s; past this, a Ray call is taken to hang
+WATCHDOG_S = 300
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _watchdog(request):
+    """A hung Ray call must not hold the run for CI's whole limit (seen once in session 29, cause unknown): past
+    WATCHDOG_S every thread's stack goes to the real stderr (pytest's capture suspended) and the process ends
+    with status 1."""
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+
+    def fire():
+        if capman is not None:
+            capman.suspend_global_capture(in_=True)
+        sys.stderr.write(f"\n{__file__}: not done after {WATCHDOG_S} s, a Ray call hangs; every thread's stack:\n")
+        sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        os._exit(1)
+
+    timer = threading.Timer(WATCHDOG_S, fire)
+    timer.daemon = True
+    timer.start()
+    yield
+    timer.cancel()
 
 
 @pytest.fixture(scope="module")
