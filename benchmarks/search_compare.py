@@ -291,6 +291,13 @@ def remeasure(a, subs, target: Target, state: dict, out: Path) -> None:
 
 # ----------------------------------------------------------------------------- 3. round time
 
+def round_task(target: Target) -> Task:
+    """The task whose evolutionary round is timed for issue 6's round-time target: bench dense_bias_relu."""
+    sg = load_subgraph("dense_bias_relu", "bench.hlo", "max.3")
+    return Task(sg.workload.key, sg.workload.compute, target, 1, "dense_bias_relu/bench/max.3",
+                float(sg.workload.flops))
+
+
 def round_time(a, subs, target: Target, state: dict, out: Path) -> None:
     from hlotune.cost_model.model import CostModel
     from hlotune.search.evolutionary import EvolutionarySearch
@@ -304,9 +311,7 @@ def round_time(a, subs, target: Target, state: dict, out: Path) -> None:
         _, recs = trajectory(r["db"], target)
         for rec in recs:
             samples.append((tasks[r["label"]], schedule_of(rec), tuple(rec.costs) if rec.valid else ()))
-    sg = load_subgraph("dense_bias_relu", "bench.hlo", "max.3")
-    task = Task(sg.workload.key, sg.workload.compute, target, 1, "dense_bias_relu/bench/max.3",
-                float(sg.workload.flops))
+    task = round_task(target)
     t0 = time.perf_counter()
     model = CostModel(seed=0).fit(samples)
     train_s = time.perf_counter() - t0
