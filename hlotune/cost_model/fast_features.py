@@ -12,7 +12,8 @@ Map:
                                  stages and index coefficients, all numpy over an (N, n_factors) matrix;
                                  `bad` marks candidates it cannot reproduce (a clamped region minimum under
                                  a packed index, a fractional region): those are lowered instead
-  Template.instantiate(factors)  (nests, bad) under the template's lock: templates are shared by threads
+  Template.instantiate(factors)  (nests, bad) under the template's lock: templates are shared by threads; a
+                                 forked child forgets those whose lock was held (_forget_busy_templates)
   batch_features(cd, schedules)  list of (S_i, NUM_FEATURES) arrays, one per schedule (groups by structure;
                                  a structure the template cannot express -- non-affine indices, a stage read
                                  by consumers of different rank (a row sketch's rfactor) --
@@ -30,6 +31,7 @@ with extent 1 (features ignore them).  Tests check that it equals the exact path
 from __future__ import annotations
 
 import gc
+import os
 import threading
 
 import numpy as np
@@ -749,6 +751,19 @@ class Template:
 
 _TEMPLATES: dict[tuple, Template | None] = {}
 _MAX_TEMPLATES = 4096
+
+
+def _forget_busy_templates() -> None:
+    """In a forked child (the search's `fanout`): a template whose lock another thread of the parent held at the
+    fork would stay locked here for ever (that thread is not in the child), its per-call state half made:
+    forget it (it is built again when asked for)."""
+    for k, tpl in list(_TEMPLATES.items()):
+        if tpl is not None and tpl.lock.locked():
+            del _TEMPLATES[k]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_busy_templates)
 
 
 #: an rfactor template (fixed splits) is trusted only once verified against the exact path, about ten

@@ -399,3 +399,69 @@ def test_from_scratch_never_sees_the_default(model, space, tmp_path, policy):
     _tune(model, open_database(str(tmp_path / "d.db")), with_default, trials=48, policy=policy)
     assert with_default.seen[0] == space.default.key
     assert policy != "evolutionary" or banned <= set(with_default.seen)   # evolution measures the seeds early
+
+
+def test_a_hung_search_worker_is_killed_and_its_share_redone(monkeypatch):
+    """A forked worker that deadlocks (forked while another thread held a lock) must not hang the round."""
+    import time
+
+    from hlotune.search import evolutionary
+
+    monkeypatch.setattr(evolutionary, "FANOUT_GRACE", (0.5, 0.0))
+    t0 = time.monotonic()
+    assert evolutionary.fanout(_hang_in_child, [(k,) for k in range(6)], 3, os.getpid()) == [k + 1 for k in range(6)]
+    assert time.monotonic() - t0 < 20
+
+
+def _hang_in_child(k: int, parent: int) -> int:
+    import time
+
+    if os.getpid() != parent:
+        time.sleep(3600)
+    return k + 1
+
+
+def test_fork_while_another_thread_holds_a_feature_template(space, monkeypatch):
+    """The second target's tuning thread (distributed.tune_targets) may be inside a shared feature template when
+    the first forks its search workers: the child must not wait on that template's lock (seen as a hang)."""
+    import threading
+
+    from hlotune.cost_model import fast_features as ff
+    from hlotune.search import evolutionary
+
+    scheds = sample_random(space, random.Random(21), 12)
+    want = ff.batch_features(space.task.compute, scheds, space.task.key)
+    held = [t for t in ff._TEMPLATES.values() if t is not None]
+    assert held
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        for t in held:
+            t.lock.acquire()
+        locked.set()
+        release.wait(60)
+        for t in held:
+            t.lock.release()
+
+    th = threading.Thread(target=hold)
+    th.start()
+    try:
+        assert locked.wait(10)
+        monkeypatch.setattr(evolutionary, "FANOUT_GRACE", (30.0, 0.0))
+        got = evolutionary.fanout(_features_where, [(k,) for k in range(2)], 2, space, scheds)
+    finally:
+        release.set()
+        th.join()
+    pid, feats = got[1]
+    assert pid != os.getpid()   # made in the forked worker, not redone here after a timeout
+    assert len(feats) == len(want) and all(np.array_equal(a, b) for a, b in zip(feats, want))
+
+
+def _features_where(k: int, space, scheds) -> tuple[int, list | None]:
+    """(pid, features of `scheds`) for job 1 (the forked worker's); job 0 is the parent's, which would wait for
+    the locks the other thread holds: it computes nothing."""
+    from hlotune.cost_model.fast_features import batch_features
+
+    if k == 0:
+        return os.getpid(), None
+    return os.getpid(), batch_features(space.task.compute, scheds, space.task.key)
