@@ -16,7 +16,8 @@ Map:
   score(space, model, schedules, cache) -> ndarray    predicted scores (higher = faster), features cached
   fanout(fn, jobs, workers, finish=)                  a round's sampling / children chunks (CHUNKS, each its own
                                                       random stream) run in processes forked from this one; each
-                                                      process featurizes its chunks' schedules in one batch
+                                                      process featurizes its chunks' schedules in one batch;
+                                                      a worker that fails or hangs (FANOUT_GRACE) is redone here
 
 One round (`propose`):
   1. initial population: the best measured schedules (up to `measured_ratio` of it), the task's default-like
@@ -39,10 +40,14 @@ give the same batch.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import os
 import pickle
 import random
+import select
+import signal
+import time
 import warnings
 from collections import OrderedDict
 
@@ -79,7 +84,8 @@ def fanout(fn, jobs: list[tuple], workers: int, *common, finish=None) -> list:
     processes forked from it (each sees this process' state: the task's sketches and caches, so nothing but
     the jobs' results is sent, pickled, through a pipe).  `finish` (optional) maps one process' list of results
     to the list it returns, in that process (work pooled over its share: the features of all its schedules in
-    one batch).  A worker that fails has its jobs done here."""
+    one batch).  A worker that fails, or is not done `FANOUT_GRACE` after this process' own share (a fork of a
+    process with threads can deadlock on a lock another thread held), has its jobs done here."""
     def run(share: list[int]) -> list[tuple]:
         res = [fn(*jobs[k], *common) for k in share]
         return list(zip(share, finish(res) if finish is not None and res else res))
@@ -93,8 +99,8 @@ def fanout(fn, jobs: list[tuple], workers: int, *common, finish=None) -> list:
         r, w = os.pipe()
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)   # fork with threads: the child runs no C
-                pid = os.fork()                                        # library that holds their locks
+                warnings.simplefilter("ignore", DeprecationWarning)   # fork with threads: see FANOUT_GRACE
+                pid = os.fork()
         except OSError:
             os.close(r)
             os.close(w)
@@ -113,19 +119,46 @@ def fanout(fn, jobs: list[tuple], workers: int, *common, finish=None) -> list:
         os.close(w)
         kids.append((pid, r, share))
     out: list = [None] * len(jobs)
+    t0 = time.monotonic()
     for k, v in run(shares[0]):
         out[k] = v
+    deadline = time.monotonic() + FANOUT_GRACE[0] + FANOUT_GRACE[1] * (time.monotonic() - t0)
     for pid, r, share in kids:
-        with os.fdopen(r, "rb") as fh:
-            data = fh.read()
-        _, status = os.waitpid(pid, 0)
-        try:
-            got = pickle.loads(data) if status == 0 and data else None
-        except Exception:  # noqa: BLE001 - a truncated result: redo the share here
-            got = None
+        got = _collect(pid, r, deadline)
         for k, v in got if got is not None else run(share):
             out[k] = v
     return out
+
+
+#: a forked worker still running (seconds) this long plus this many times the parent's own share is taken to
+#: hang (it forked while another thread of the process, e.g. a second target's tuning thread of
+#: `distributed.tune_targets`, held a lock it needs): it is killed and its share redone in the parent
+FANOUT_GRACE = (20.0, 4.0)
+
+
+def _collect(pid: int, r: int, deadline: float) -> list | None:
+    """A forked worker's results from its pipe `r`, or None (it failed, or is killed: past `deadline`)."""
+    chunks: list[bytes] = []
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                config.debug(2, "search worker %d not done in time (a deadlock after fork?): its share redone here",
+                             pid)
+                return None
+            data = os.read(r, 1 << 20)
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(r)
+    _, status = os.waitpid(pid, 0)
+    try:
+        return pickle.loads(b"".join(chunks)) if status == 0 and chunks else None
+    except Exception:  # noqa: BLE001 - a truncated result: redo the share here
+        return None
 
 
 def structure(s: Schedule) -> tuple:
@@ -309,9 +342,19 @@ class EvolutionarySearch:
         return out
 
     def propose(self, n: int, measured: set[str], rng: random.Random) -> list[Schedule]:
-        """Up to `n` schedules to measure next (see the module docstring)."""
-        import time
+        """Up to `n` schedules to measure next (see the module docstring).  The garbage collector is paused
+        meanwhile (and in the forked workers, which inherit that): a round makes millions of short-lived
+        objects, so collections ran every few thousand of them, each full one walking the long-lived caches
+        (replayed states, features); the round's few cycles are collected afterwards, at once."""
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return self._propose(n, measured, rng)
+        finally:
+            if was:
+                gc.enable()
 
+    def _propose(self, n: int, measured: set[str], rng: random.Random) -> list[Schedule]:
         t0 = time.perf_counter()
         gens = self.generations if _informative(self.model) else 0
         pop, rand = self._initial(rng, featurize=gens > 0)
