@@ -27,11 +27,11 @@ target with no build resource in the cluster they go to any node (LLVM emits cod
 name and features on any host of the same architecture).
 
 Dispatch (RayMeasurer.measure_batch): every candidate's build is submitted at once; each finished build goes to
-a queue, and a queued candidate is sent to an idle actor of its target as soon as there is one (one candidate
-per actor at a time: the runner times one kernel at a time anyway).  The object code goes from the builder's
-node to the actor's node through the object store, never through the driver.  Task inputs and reference
-outputs are computed once in the driver and put in the object store once per task; each actor fetches them
-once per task.
+a queue, and a queued candidate is sent to an idle actor of its target as soon as there is one, the one idle
+longest when there are several (one candidate per actor at a time: the runner times one kernel at a time
+anyway).  The object code goes from the builder's node to the actor's node through the object store, never
+through the driver.  Task inputs and reference outputs are computed once in the driver and put in the object
+store once per task; each actor fetches them once per task.
 
 Failures: a candidate's own faults (crash, hang, wrong answer, memory) are handled inside the actor's local
 runner (its child process dies and is replaced, the candidate gets its error kind), exactly as locally.  An
@@ -181,6 +181,7 @@ class _Slot:
     ref: Any = None            # the run in flight (None: idle)
     sent_at: float = 0.0
     candidate: Any = None      # the _Candidate of `ref` (None for an orphan of an interrupted batch)
+    idle_since: float = 0.0    # when its last run ended (the longest idle gets the next candidate)
 
 
 @dataclass
@@ -512,15 +513,14 @@ class RayMeasurer:
             if pool._stop.is_set():
                 raise KeyboardInterrupt
             cap = pool._refresh(g)
-            # hand out queued candidates to idle actors
-            for s in g.slots:
+            # hand out queued candidates to idle actors, the longest idle first (so every node gets its share)
+            for s in sorted((s for s in g.slots if s.info is not None and s.ref is None), key=lambda s: s.idle_since):
                 if not queue:
                     break
-                if s.info is not None and s.ref is None:
-                    c = queue.popleft()
-                    s.ref = s.handle.run.remote(c.inp.task.key, [g.data_refs[c.inp.task.key]], c.build_ref,
-                                                self.runner.timeout)
-                    s.sent_at, s.candidate = time.monotonic(), c
+                c = queue.popleft()
+                s.ref = s.handle.run.remote(c.inp.task.key, [g.data_refs[c.inp.task.key]], c.build_ref,
+                                            self.runner.timeout)
+                s.sent_at, s.candidate = time.monotonic(), c
             # no runner for a while: fail what waits
             if queue and not g.slots and cap == 0:
                 no_runner_since = no_runner_since or time.monotonic()
@@ -566,7 +566,7 @@ class RayMeasurer:
     def _on_run(self, s: _Slot, results, queue, builds) -> None:
         pool, g = self.pool, self.group
         c, ref = s.candidate, s.ref
-        s.ref, s.candidate = None, None
+        s.ref, s.candidate, s.idle_since = None, None, time.monotonic()
         try:
             res = pool.ray.get(ref)
         except pool.ray.exceptions.RayTaskError as e:   # an exception inside the actor's method (a bug)
