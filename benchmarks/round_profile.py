@@ -2,7 +2,7 @@
 
 The round-time target of issue 6 is measured by `search_compare.py`; this script shows where a round's time goes.
 cProfile sees this process only: the share of each generation that `evolutionary.fanout` gives a forked worker shows
-up as the parent's wait on the pipe (`read`), so read the figures as shares of this process' half.
+up as the parent's wait on the pipe (`select`), so read the figures as shares of this process' half.
 Usage: .venv/bin/python benchmarks/round_profile.py [--model PATH] [--lines N]
 """
 from __future__ import annotations

@@ -71,6 +71,10 @@ TWIN_MOVES = 2
 #: a round's sampling and each generation's children are cut into this many chunks, each with its own random
 #: stream, so that the candidates do not depend on how many processes make them
 CHUNKS = 4
+#: a forked `fanout` worker still running this many seconds plus this many times the parent's own share after
+#: the parent finished it is taken to hang (it forked while another thread of the process, e.g. a second target's
+#: tuning thread of `distributed.tune_targets`, held a lock it needs): it is killed and its share redone here
+FANOUT_GRACE = (20.0, 4.0)
 
 
 def search_workers() -> int:
@@ -128,12 +132,6 @@ def fanout(fn, jobs: list[tuple], workers: int, *common, finish=None) -> list:
         for k, v in got if got is not None else run(share):
             out[k] = v
     return out
-
-
-#: a forked worker still running (seconds) this long plus this many times the parent's own share is taken to
-#: hang (it forked while another thread of the process, e.g. a second target's tuning thread of
-#: `distributed.tune_targets`, held a lock it needs): it is killed and its share redone in the parent
-FANOUT_GRACE = (20.0, 4.0)
 
 
 def _collect(pid: int, r: int, deadline: float) -> list | None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import os
 import random
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -403,8 +405,6 @@ def test_from_scratch_never_sees_the_default(model, space, tmp_path, policy):
 
 def test_a_hung_search_worker_is_killed_and_its_share_redone(monkeypatch):
     """A forked worker that deadlocks (forked while another thread held a lock) must not hang the round."""
-    import time
-
     from hlotune.search import evolutionary
 
     monkeypatch.setattr(evolutionary, "FANOUT_GRACE", (0.5, 0.0))
@@ -414,8 +414,6 @@ def test_a_hung_search_worker_is_killed_and_its_share_redone(monkeypatch):
 
 
 def _hang_in_child(k: int, parent: int) -> int:
-    import time
-
     if os.getpid() != parent:
         time.sleep(3600)
     return k + 1
@@ -424,8 +422,6 @@ def _hang_in_child(k: int, parent: int) -> int:
 def test_fork_while_another_thread_holds_a_feature_template(space, monkeypatch):
     """The second target's tuning thread (distributed.tune_targets) may be inside a shared feature template when
     the first forks its search workers: the child must not wait on that template's lock (seen as a hang)."""
-    import threading
-
     from hlotune.cost_model import fast_features as ff
     from hlotune.search import evolutionary
 
