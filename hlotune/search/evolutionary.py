@@ -135,12 +135,13 @@ def fanout(fn, jobs: list[tuple], workers: int, *common, finish=None) -> list:
 
 
 def _collect(pid: int, r: int, deadline: float) -> list | None:
-    """A forked worker's results from its pipe `r`, or None (it failed, or is killed: past `deadline`)."""
+    """A forked worker's results from its pipe `r`, or None (it failed, or is killed: nothing to read by
+    `deadline`).  Output waiting in the pipe is read even past the deadline (the parent may have spent it redoing
+    another worker's share), and each read extends it by FANOUT_GRACE[0]: only a silent worker is killed."""
     chunks: list[bytes] = []
     try:
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
+            if not select.select([r], [], [], max(0.0, deadline - time.monotonic()))[0]:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
                 config.debug(2, "search worker %d not done in time (a deadlock after fork?): its share redone here",
@@ -150,6 +151,7 @@ def _collect(pid: int, r: int, deadline: float) -> list | None:
             if not data:
                 break
             chunks.append(data)
+            deadline = max(deadline, time.monotonic() + FANOUT_GRACE[0])
     finally:
         os.close(r)
     _, status = os.waitpid(pid, 0)

@@ -415,8 +415,24 @@ def test_a_hung_search_worker_is_killed_and_its_share_redone(monkeypatch):
 
 def _hang_in_child(k: int, parent: int) -> int:
     if os.getpid() != parent:
-        time.sleep(3600)
+        time.sleep(60)    # bounded: without the deadline the test fails on its time check instead of hanging
     return k + 1
+
+
+def test_a_finished_worker_is_read_after_the_deadline(monkeypatch):
+    """Workers done while the parent redid a hung one's share are read, not killed: only a silent one is."""
+    from hlotune.search import evolutionary
+
+    monkeypatch.setattr(evolutionary, "FANOUT_GRACE", (0.5, 0.0))
+    got = evolutionary.fanout(_slow_first_child, [(k,) for k in range(3)], 3, os.getpid())
+    assert [v for v, _ in got] == [1, 2, 3]
+    assert got[1][1] == os.getpid() and got[2][1] not in (os.getpid(), got[1][1])   # job 1 redone, job 2 kept
+
+
+def _slow_first_child(k: int, parent: int) -> tuple[int, int]:
+    if os.getpid() != parent and k == 1:
+        time.sleep(60)
+    return k + 1, os.getpid()
 
 
 def test_fork_while_another_thread_holds_a_feature_template(space, monkeypatch):
