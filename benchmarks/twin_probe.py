@@ -1,9 +1,10 @@
-"""Would a run's early best, moved outward, have reached its final best?  Re-measure the three side by side.
+"""Would a run's early best, moved outward (or its unroll pragma changed), have reached its final best?  Re-measure.
 
 For one tuning database of `search_compare.py` (one subgraph, records in measured order): the best schedule of
 the first 15 % of trials (30 of 200), the final best, and every `outward_moves` schedule of the early best (one
 tile level's smallest prime factor moved to the tile's outer loop, parallel loops fused anew), re-measured
-together in `--passes` alternating passes (5 repeats of at least 10 ms).  Prints each one's speed as a fraction
+together in `--passes` alternating passes (5 repeats of at least 10 ms); `--moves unroll`: every `unroll_moves`
+schedule (one stage's unroll pragma set to another value) instead, `both`: both.  Prints each one's speed as a fraction
 of the final's, and with `--model` the score a pretrained model gives it after learning the run's first `--n`
 records in the tuner's warm-up parts (what `EvolutionarySearch.twins` ranks them by).
 
@@ -34,7 +35,7 @@ from hlotune.measure.builder import LocalBuilder  # noqa: E402
 from hlotune.measure.measurer import ProgramMeasurer  # noqa: E402
 from hlotune.measure.records import MeasureInput  # noqa: E402
 from hlotune.measure.runner import LocalRunner  # noqa: E402
-from hlotune.schedule_space.mutate import outward_moves  # noqa: E402
+from hlotune.schedule_space.mutate import outward_moves, unroll_moves  # noqa: E402
 from hlotune.schedule_space.task import Task  # noqa: E402
 from hlotune.search.space import TaskSpace  # noqa: E402
 from hlotune.target import Target  # noqa: E402
@@ -47,6 +48,10 @@ def model_scores(path: str, db: str, n: int, task, schedules) -> list[float]:
     return [float(x) for x in adapted(path, samples_from_db(db), n).predict(task, schedules)]
 
 
+def _pragmas(s) -> str:
+    return "unroll " + ",".join(str(st.value) for st in s.steps if getattr(st, "name", "") == "auto_unroll_max_step")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("label", help="a subgraph label of search_compare.py")
@@ -54,6 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", type=int, default=4)
     ap.add_argument("--model", help="a pretrained model (never trained on this workload) to score the moves")
     ap.add_argument("--n", type=int, default=16, help="records the model learns first")
+    ap.add_argument("--moves", choices=("outward", "unroll", "both"), default="outward")
     a = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     row = next((r for r in SUBGRAPHS if r[0] == a.label), None)
@@ -70,13 +76,15 @@ def main(argv=None) -> int:
     f = min(valid, key=lambda i: costs[i])
     early, final = schedule_of(recs[e]), schedule_of(recs[f])
     sk = space.sketch_of(early)
-    moves = outward_moves(sk, early) if sk is not None else []
+    kinds = {"outward": (outward_moves,), "unroll": (unroll_moves,), "both": (outward_moves, unroll_moves)}
+    moves = [(fn.__name__.split("_")[0], m) for fn in kinds[a.moves] for m in fn(sk, early)] if sk is not None else []
     measured = {schedule_of(r).key for r in recs}
-    cands = {"early": early, "final": final}
-    for k, m in enumerate(moves):
-        cands[f"move {k}" + (" (measured in the run)" if m.key in measured else "")] = m
+    fin = f"final {_pragmas(final)}"
+    cands = {f"early {_pragmas(early)}": early, fin: final}
+    for k, (kind, m) in enumerate(moves):
+        cands[f"{kind} move {k} {_pragmas(m)}" + (" (measured in the run)" if m.key in measured else "")] = m
     scores = dict(zip(cands, model_scores(a.model, a.db, a.n, task, list(cands.values())))) if a.model else {}
-    print(f"{a.label}: early best = trial {e + 1}, final = trial {f + 1}, {len(moves)} outward moves", flush=True)
+    print(f"{a.label}: early best = trial {e + 1}, final = trial {f + 1}, {len(moves)} {a.moves} moves", flush=True)
     names = list(cands)
     per: dict[str, list[float]] = {k: [] for k in names}
     measurer = ProgramMeasurer(LocalBuilder(n_workers=2), LocalRunner(REMEASURE_TIMING, timeout=20.0), seed=0)
@@ -89,12 +97,12 @@ def main(argv=None) -> int:
     finally:
         measurer.close()
     med = {k: statistics.median(v) for k, v in per.items() if v}
-    if "final" not in med:
+    if fin not in med:
         raise SystemExit("the final best did not measure")
     print("speed / final's" + ("   model score" if scores else "") + "   schedule")
     for k in sorted(med, key=med.get):
         sc = f"   {scores[k]:11.4f}" if scores else ""
-        print(f"  {med['final'] / med[k]:13.3f}{sc}   {k}")
+        print(f"  {med[fin] / med[k]:13.3f}{sc}   {k}")
     return 0
 
 

@@ -10,6 +10,8 @@ Map:
   outward_moves(sketch, schedule)                 every schedule with one level's smallest prime factor moved
                                                   to its tile's outer loop, parallel loops fused anew (each
                                                   count): more, smaller parallel tasks or outer k blocks
+  unroll_moves(sketch, schedule)                  every schedule with one stage's auto-unroll pragma set to
+                                                  another value (the other decisions kept)
   crossover(sketch, a, b, rng)                    each tile hole and each annotation site from one parent
   MUTATIONS                                       (name, function, weight): tile size the most
 
@@ -27,7 +29,7 @@ from dataclasses import replace
 
 from ..errors import ScheduleError
 from .annotate import NONDIVISIBLE, Decisions, Resample, _log_uniform, as_random, decisions_of, divisors, realize
-from .sketch import Sketch, TileHole
+from .sketch import UNROLL_CHOICES, Sketch, TileHole
 from .steps import Schedule
 
 TRIES = 8
@@ -146,22 +148,48 @@ def outward_moves(sketch: Sketch, schedule: Schedule, max_par: int = 3) -> list[
         return []
     psites = [k for k, site in enumerate(sketch.sites) if site.parallel]
     pars = [d.par] + [d.par[:k] + (j,) + d.par[k + 1:] for k in psites for j in range(1, max_par + 1)]
+
+    def variants():
+        for h, f in enumerate(d.tiles):
+            for lv, x in enumerate(f):
+                if x < 2:
+                    continue
+                p = divisors(x)[1]   # its smallest prime
+                tiles = d.tiles[:h] + (f[:lv] + (x // p,) + f[lv + 1:],) + d.tiles[h + 1:]
+                for par in pars:
+                    yield replace(d, tiles=tiles, par=par)
+
+    return _replaying(sketch, schedule, variants())
+
+
+def unroll_moves(sketch: Sketch, schedule: Schedule) -> list[Schedule]:
+    """The schedules with one unroll site's auto_unroll_max_step set to each other value of UNROLL_CHOICES (the
+    other decisions kept; values that do not replay are skipped).  Deterministic, in site and value order.
+    On small kernels the pragma alone moves the time by 5-15 % (conv3x3_test: 512 against 16 or 64), and the
+    search's random mutations reach one value of one site of one schedule late (docs/benchmarks.md, search,
+    session 36)."""
+    d = _decode(sketch, schedule)
+    if d is None:
+        return []
+    return _replaying(sketch, schedule, (
+        replace(d, unroll=d.unroll[:k] + (u,) + d.unroll[k + 1:])
+        for k, site in enumerate(sketch.sites) if site.unroll and k < len(d.unroll)
+        for u in UNROLL_CHOICES if u != d.unroll[k]))
+
+
+def _replaying(sketch: Sketch, schedule: Schedule, variants) -> list[Schedule]:
+    """The schedules of `variants` (Decisions, each legal as it is) that replay, in order, without repeats or
+    `schedule` itself."""
     out: list[Schedule] = []
     seen = {schedule.key}
-    for h, f in enumerate(d.tiles):
-        for lv, x in enumerate(f):
-            if x < 2:
-                continue
-            p = divisors(x)[1]   # its smallest prime
-            tiles = d.tiles[:h] + (f[:lv] + (x // p,) + f[lv + 1:],) + d.tiles[h + 1:]
-            for par in pars:
-                try:
-                    s = realize(sketch, replace(d, tiles=tiles, par=par), None, schedule.workload_key)
-                except ScheduleError:
-                    continue
-                if s.key not in seen:
-                    seen.add(s.key)
-                    out.append(s)
+    for v in variants:
+        try:
+            s = realize(sketch, v, None, schedule.workload_key)
+        except ScheduleError:
+            continue
+        if s.key not in seen:
+            seen.add(s.key)
+            out.append(s)
     return out
 
 
@@ -215,5 +243,5 @@ def mutate(sketch: Sketch, schedule: Schedule, rng=None) -> Schedule | None:
 
 
 __all__ = ["mutate_tile_size", "mutate_unroll", "mutate_compute_location", "mutate_parallel", "mutate_pack",
-           "crossover",
+           "outward_moves", "unroll_moves", "crossover",
            "mutate", "MUTATIONS"]

@@ -9,9 +9,10 @@ Map:
     .sketch_bests_first(cands) -> list[Schedule]      the same batch with each sketch's and each annotation
                                                       structure's best candidate up front (the first part of a
                                                       fresh task's first round)
-    .twins(measured, rng) -> list[Schedule]           the fastest measured schedules with their packing toggled,
-                                                      and the model's best outward moves of the fastest (tried
-                                                      first in the first round's later parts)
+    .twins(measured, rng, room) -> list[Schedule]     the fastest measured schedules with their packing toggled,
+                                                      the model's best outward moves of the fastest and its
+                                                      unroll pragma's other values (tried first in the first
+                                                      round's later parts)
   structure(schedule) -> tuple                        sketch, stages with parallel / vectorized loops, packed buffers
   score(space, model, schedules, cache) -> ndarray    predicted scores (higher = faster), features cached
   fanout(fn, jobs, workers, finish=)                  a round's sampling / children chunks (CHUNKS, each its own
@@ -55,7 +56,7 @@ import numpy as np
 
 from .. import config
 from ..schedule_space.loop_ir import ForKind
-from ..schedule_space.mutate import mutate_pack, outward_moves
+from ..schedule_space.mutate import mutate_pack, outward_moves, unroll_moves
 from ..schedule_space.steps import Annotate, Pack, Schedule
 from .space import TaskSpace, crossover, mutate, sample_random  # per sketch kind (CPU / GPU)
 
@@ -68,6 +69,9 @@ TWIN_BESTS = 2
 TWIN_TRIES = 4
 #: `twins`: this many of the fastest measured schedule's `outward_moves` (parallel granularity), the model's best
 TWIN_MOVES = 2
+#: `twins`: this many of the fastest measured schedule's `unroll_moves` (its unroll pragma set to each other value;
+#: all of them when one site has them, else the model's best)
+TWIN_UNROLL = 3
 #: a round's sampling and each generation's children are cut into this many chunks, each with its own random
 #: stream, so that the candidates do not depend on how many processes make them
 CHUNKS = 4
@@ -425,13 +429,15 @@ class EvolutionarySearch:
                     keys.add(k)
         return (ahead + [s for s in cands if s.key not in keys])[: len(cands)]
 
-    def twins(self, measured: set[str], rng: random.Random) -> list[Schedule]:
+    def twins(self, measured: set[str], rng: random.Random, room: int | None = None) -> list[Schedule]:
         """The TWIN_BESTS fastest measured schedules with their B-operand packing toggled (`mutate_pack`: packed
         ones unpacked, unpacked ones packed), those not yet measured, fastest's first.  The first round's later
         parts try them first: a structure judged by one poorly tiled representative (`sketch_bests_first`)
         looks slow, and the model then keeps it out; with the best tiling found so far it gets a fair trial.
         On small GEMMs the pack costs more than it saves (docs/benchmarks.md, search, session 26).  Then the
-        model's TWIN_MOVES best `outward_moves` of the fastest (`_moves`)."""
+        model's TWIN_MOVES best `outward_moves` of the fastest (`_moves`), then the fastest's `unroll_moves`
+        (`_unrolls`) where all the twins then take at most half of `room` (the size of the part they start; None:
+        no limit): twins that fill a small part leave the model's own picks out of it (session 29)."""
         out: list[Schedule] = []
         seen = set(measured)
         for _, _, s in self.best[:TWIN_BESTS]:
@@ -443,7 +449,30 @@ class EvolutionarySearch:
                 if t is not None and t.key not in seen:
                     out.append(t)
                     seen.add(t.key)
-        return out + self._moves(seen)
+        out += self._moves(seen)
+        seen |= {t.key for t in out}
+        unrolls = self._unrolls(seen)
+        return out + unrolls if room is None or len(out) + len(unrolls) <= room // 2 else out
+
+    def _unrolls(self, seen: set[str]) -> list[Schedule]:
+        """The fastest measured schedule's `unroll_moves` not in `seen`: all of them when there are at most
+        TWIN_UNROLL (one unroll site), else the model's TWIN_UNROLL best.  On small kernels the unroll pragma alone
+        moves the time by 5-15 %, the model ranks its values poorly, and a random mutation of the one knob comes
+        late: conv3x3_test's early bests with their pragma set to 512 were 6-15 % faster in six of nine runs of
+        session 35 (docs/benchmarks.md, search, session 36)."""
+        sk = self.space.sketch_of(self.best[0][2]) if self.best and TWIN_UNROLL > 0 else None
+        if sk is None or not any(site.unroll for site in sk.sites):
+            return []
+        moves = [m for m in unroll_moves(sk, self.best[0][2]) if m.key not in seen]
+        if len(moves) <= TWIN_UNROLL:
+            return moves
+        return self._model_best(moves, TWIN_UNROLL)
+
+    def _model_best(self, moves: list[Schedule], k: int) -> list[Schedule]:
+        """The model's k best of `moves` (ties by key)."""
+        sc = score(self.space, self.model, moves, self.cache)
+        order = sorted((j for j in range(len(moves)) if np.isfinite(sc[j])), key=lambda j: (-sc[j], moves[j].key))
+        return [moves[j] for j in order[:k]]
 
     def _moves(self, seen: set[str]) -> list[Schedule]:
         """The model's TWIN_MOVES best `outward_moves` of the fastest measured schedule not in `seen`: the
@@ -453,11 +482,7 @@ class EvolutionarySearch:
         if sk is None or not any(site.parallel for site in sk.sites):
             return []
         moves = [m for m in outward_moves(sk, self.best[0][2]) if m.key not in seen]
-        if not moves:
-            return []
-        sc = score(self.space, self.model, moves, self.cache)
-        order = sorted((j for j in range(len(moves)) if np.isfinite(sc[j])), key=lambda j: (-sc[j], moves[j].key))
-        return [moves[j] for j in order[:TWIN_MOVES]]
+        return self._model_best(moves, TWIN_MOVES) if moves else []
 
     def rerank(self, n: int, measured: set[str], rng: random.Random) -> list[Schedule]:
         """Up to `n` more schedules from the last round's scored candidates, ranked again by the model as it is

@@ -575,8 +575,9 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
         WARM_SKETCH_PARTS parts (`sketch_bests_first`): after each part the model learns it and ranks the rest of
         the round's candidates again (`rerank`: no new evolution), except once, past WARM_EVOLVE_AFTER trials,
         where a new evolution proposes them.  Each later part starts with the measured bests' `twins` (their
-        packing toggled, then the model's best outward moves of the fastest).  Returns what is left of the round,
-        for the usual path."""
+        packing toggled, then the model's best outward moves of the fastest, then the fastest's other unroll
+        pragmas where the twins leave the model half of the next part).  Returns what is left of the round, for
+        the usual path."""
         nonlocal pending
         r = runs[i]
         evolved = False
@@ -596,8 +597,9 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
                 cands, evolved = r.policy.propose(left, r.measured, derive_rng(seed, "warm", total(), i)), True
             else:
                 cands = r.policy.rerank(left, r.measured, derive_rng(seed, "rerank", total(), i))
-            twins = r.policy.twins(r.measured, derive_rng(seed, "twins", total(), i))
-            if twins:   # the bests' packing twins and outward moves go first
+            room = warm_sizes[part + 1] if part + 1 < len(warm_sizes) else left
+            twins = r.policy.twins(r.measured, derive_rng(seed, "twins", total(), i), room)
+            if twins:   # the bests' packing twins, outward and unroll moves go first
                 keys = {t.key for t in twins}
                 cands = (twins + [c for c in cands if c.key not in keys])[: max(left, len(twins))]
             report.search_s += time.perf_counter() - t0

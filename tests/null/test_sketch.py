@@ -35,8 +35,9 @@ from hlotune.schedule_space.mutate import (
     mutate_tile_size,
     mutate_unroll,
     outward_moves,
+    unroll_moves,
 )
-from hlotune.schedule_space.sketch import generate_sketches, needs_multi_level_tiling, needs_rfactor
+from hlotune.schedule_space.sketch import UNROLL_CHOICES, generate_sketches, needs_multi_level_tiling, needs_rfactor
 from hlotune.schedule_space.state import replay
 from hlotune.schedule_space.steps import (
     CacheWrite,
@@ -333,6 +334,38 @@ def test_outward_moves_split_work_outward_and_compute_right():
     flat = realize(sk, type(d)(tuple((1,) * len(t) for t in d.tiles), d.loc, d.par, d.vec, d.unroll, d.pack),
                    random.Random(0), s.workload_key)
     assert all(all(x == 1 for x in t) for t in decisions_of(sk, flat).tiles) and outward_moves(sk, flat) == []
+
+
+def test_unroll_moves_set_each_other_pragma_value_and_compute_right():
+    """`unroll_moves`: for each unroll site, the schedule with that site's auto_unroll_max_step set to each other
+    value of UNROLL_CHOICES, every other decision kept; valid, distinct, deterministic, computing the right
+    values; a sketch without unroll sites gives none."""
+    for name in ("dense_bias_relu", "conv2d_bias_relu"):
+        sg = _subgraphs(name, "hlo")[0]
+        task, cd = _task(sg), sg.workload.compute
+        ins, want = _io(sg, 3)
+        sketches = generate_sketches(task)
+        sk = next(x for x in sketches if x.has_holes and any(site.unroll for site in x.sites))
+        s = sample_schedules(sk, task, 7, 1)[0]
+        d = decisions_of(sk, s)
+        moves = unroll_moves(sk, s)
+        sites = [k for k, site in enumerate(sk.sites) if site.unroll]
+        assert len(moves) == len(sites) * (len(UNROLL_CHOICES) - 1)
+        assert len({m.key for m in moves}) == len(moves) and s.key not in {m.key for m in moves}
+        assert [m.key for m in unroll_moves(sk, s)] == [m.key for m in moves]          # deterministic
+        got = set()
+        for m in moves:
+            dm = decisions_of(sk, m)
+            assert (dm.tiles, dm.loc, dm.par, dm.vec, dm.pack) == (d.tiles, d.loc, d.par, d.vec, d.pack)
+            changed = [k for k in range(len(d.unroll)) if dm.unroll[k] != d.unroll[k]]
+            assert len(changed) == 1 and changed[0] in sites
+            got.add((changed[0], dm.unroll[changed[0]]))
+            check_state(replay(cd, m.steps))
+            _check_numerics(cd, m, ins, want, f"{name} unroll move")
+        assert got == {(k, u) for k in sites for u in UNROLL_CHOICES if u != d.unroll[k]}
+        bare = next((x for x in sketches if not any(site.unroll for site in x.sites)), None)
+        if bare is not None:
+            assert unroll_moves(bare, sample_schedules(bare, task, 0, 1)[0]) == []
 
 
 def test_decisions_of_rejects_other_sketches():

@@ -337,12 +337,13 @@ def test_first_round_is_measured_in_parts_and_reranked(model, tmp_path, monkeypa
         return original_first(self, cands)
 
     monkeypatch.setattr(EvolutionarySearch, "sketch_bests_first", sketch_bests_first)
-    twins = []
+    twins, rooms = [], []
     original_twins = EvolutionarySearch.twins
 
-    def record_twins(self, measured, rng):
-        out = original_twins(self, measured, rng)
+    def record_twins(self, measured, rng, room=None):
+        out = original_twins(self, measured, rng, room)
         twins.append([s.key for s in out])
+        rooms.append(room)
         return out
 
     monkeypatch.setattr(EvolutionarySearch, "twins", record_twins)
@@ -361,7 +362,7 @@ def test_first_round_is_measured_in_parts_and_reranked(model, tmp_path, monkeypa
     # the first part (after the default) is the batch with every sketch's best up front (WARM_SKETCH_PARTS = 1)
     assert len(first) == 1 and meas.seen[1:9] == first[0][:8]
     # every later part (and the round's rest) starts with the bests' twins (packing toggled) as they were then
-    assert len(twins) == 4 and any(twins)
+    assert len(twins) == 4 and any(twins) and rooms == [8, 16, 16, 16]     # each with the size of its part
     for tw, start in zip(twins, (9, 17, 33, 49)):
         assert meas.seen[start: start + len(tw)] == tw
 
@@ -373,6 +374,7 @@ def test_twins_toggle_the_packing_of_the_measured_bests(model, monkeypatch):
     import random
 
     monkeypatch.setattr("hlotune.search.evolutionary.TWIN_MOVES", 0)
+    monkeypatch.setattr("hlotune.search.evolutionary.TWIN_UNROLL", 0)
 
     from hlotune.schedule_space.mutate import mutate_pack
     from hlotune.schedule_space.steps import Pack, Split
@@ -408,10 +410,13 @@ def test_twins_toggle_the_packing_of_the_measured_bests(model, monkeypatch):
     assert any(structure(t)[2] == () for t in tw) and any(structure(t)[2] for t in tw)   # both ways
 
 
-def test_twins_end_with_the_models_best_outward_moves_of_the_fastest(model):
+def test_twins_end_with_the_models_best_outward_moves_of_the_fastest(model, monkeypatch):
     """After the packing twins, `twins` adds the TWIN_MOVES outward moves of the fastest measured schedule that
-    the model scores highest, none measured; a measured move is skipped for the next one."""
+    the model scores highest, none measured; a measured move is skipped for the next one (the unroll moves,
+    tested below, left out)."""
     import random
+
+    monkeypatch.setattr("hlotune.search.evolutionary.TWIN_UNROLL", 0)
 
     from hlotune.schedule_space.mutate import outward_moves
     from hlotune.schedule_space.task import tasks_from_subgraphs
@@ -437,6 +442,49 @@ def test_twins_end_with_the_models_best_outward_moves_of_the_fastest(model):
     assert len(set(sc[:])) >= 2                                          # the model tells the moves apart
     tw2 = ev.twins(measured | {want[0].key}, random.Random(0))
     assert [t.key for t in tw2 if t.key in {m.key for m in moves}] == [m.key for m in want[1:TWIN_MOVES + 1]]
+
+
+def test_twins_end_with_the_unroll_moves_of_the_fastest(model, monkeypatch):
+    """`twins` ends with the fastest measured schedule's `unroll_moves` not yet measured: all of them when they
+    are at most TWIN_UNROLL, else the model's TWIN_UNROLL best; the second fastest's are not among them."""
+    import random
+
+    from hlotune.schedule_space.mutate import unroll_moves
+    from hlotune.schedule_space.task import tasks_from_subgraphs
+    from hlotune.search.evolutionary import TWIN_UNROLL, score
+    from hlotune.search.space import TaskSpace, sample_random
+    from tests.null.test_search import TARGET
+
+    monkeypatch.setattr("hlotune.search.evolutionary.TWIN_MOVES", 0)
+    space = TaskSpace(tasks_from_subgraphs(model.frontend.subgraphs, TARGET)[0])
+    scheds = [s for s in sample_random(space, random.Random(5), 120)
+              if any(site.unroll for site in space.sketch_of(s).sites)]
+    learned = _learned().fit([(space.task, s, (synthetic_cost(s),)) for s in scheds[:60]])
+    ev = EvolutionarySearch(space, learned, population=64, generations=1, workers=1)
+    best, second = scheds[60], scheds[61]
+    rest = scheds[62:72]
+    ev.observe([best, second] + rest, [1.0, 1.5] + [5.0] * len(rest))
+    measured = {s.key for s in [best, second] + rest}
+    moves = unroll_moves(space.sketch_of(best), best)
+    assert 2 <= len(moves) <= TWIN_UNROLL                                 # one unroll site: all its other values
+    tw = ev.twins(measured, random.Random(0))
+    assert [t.key for t in tw[-len(moves):]] == [m.key for m in moves]
+    others = {m.key for m in unroll_moves(space.sketch_of(second), second)}
+    assert not others & {t.key for t in tw}
+    # a measured move is skipped
+    tw2 = ev.twins(measured | {moves[0].key}, random.Random(0))
+    assert [t.key for t in tw2 if t.key in {m.key for m in moves}] == [m.key for m in moves[1:]]
+    # only where all the twins take at most half of the part they start
+    n = len(tw)
+    assert ev.twins(measured, random.Random(0), room=2 * n) == tw
+    assert [t.key for t in ev.twins(measured, random.Random(0), room=2 * n - 1)] == [t.key for t in tw[:-len(moves)]]
+    # more moves than TWIN_UNROLL: the model's best
+    monkeypatch.setattr("hlotune.search.evolutionary.TWIN_UNROLL", 1)
+    sc = score(space, learned, moves, None)
+    assert len(set(sc)) >= 2                                              # the model tells the moves apart
+    top = min(range(len(moves)), key=lambda j: (-sc[j], moves[j].key))
+    assert [t.key for t in ev.twins(measured, random.Random(0)) if t.key in {m.key for m in moves}] == \
+        [moves[top].key]
 
 
 def test_first_part_tries_each_sketch_best(model):
