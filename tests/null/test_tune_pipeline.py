@@ -410,6 +410,22 @@ def test_twins_toggle_the_packing_of_the_measured_bests(model, monkeypatch):
     assert any(structure(t)[2] == () for t in tw) and any(structure(t)[2] for t in tw)   # both ways
 
 
+def _twin_search(model, seed: int, site_flag: str):
+    """The fixture's first task: 120 random schedules of sketches with `site_flag` sites, a model fitted on the first
+    60 of them (synthetic costs) and an evolutionary search with that model."""
+    import random
+
+    from hlotune.schedule_space.task import tasks_from_subgraphs
+    from hlotune.search.space import TaskSpace, sample_random
+    from tests.null.test_search import TARGET
+
+    space = TaskSpace(tasks_from_subgraphs(model.frontend.subgraphs, TARGET)[0])
+    scheds = [s for s in sample_random(space, random.Random(seed), 120)
+              if any(getattr(site, site_flag) for site in space.sketch_of(s).sites)]
+    learned = _learned().fit([(space.task, s, (synthetic_cost(s),)) for s in scheds[:60]])
+    return space, scheds, learned, EvolutionarySearch(space, learned, population=64, generations=1, workers=1)
+
+
 def test_twins_end_with_the_models_best_outward_moves_of_the_fastest(model, monkeypatch):
     """After the packing twins, `twins` adds the TWIN_MOVES outward moves of the fastest measured schedule that
     the model scores highest, none measured; a measured move is skipped for the next one (the unroll moves,
@@ -419,16 +435,9 @@ def test_twins_end_with_the_models_best_outward_moves_of_the_fastest(model, monk
     monkeypatch.setattr("hlotune.search.evolutionary.TWIN_UNROLL", 0)
 
     from hlotune.schedule_space.mutate import outward_moves
-    from hlotune.schedule_space.task import tasks_from_subgraphs
     from hlotune.search.evolutionary import TWIN_MOVES, score
-    from hlotune.search.space import TaskSpace, sample_random
-    from tests.null.test_search import TARGET
 
-    space = TaskSpace(tasks_from_subgraphs(model.frontend.subgraphs, TARGET)[0])
-    scheds = [s for s in sample_random(space, random.Random(4), 120)
-              if any(site.parallel for site in space.sketch_of(s).sites)]
-    learned = _learned().fit([(space.task, s, (synthetic_cost(s),)) for s in scheds[:60]])
-    ev = EvolutionarySearch(space, learned, population=64, generations=1, workers=1)
+    space, scheds, learned, ev = _twin_search(model, 4, "parallel")
     best = next(s for s in scheds[60:] if len(outward_moves(space.sketch_of(s), s)) > TWIN_MOVES + 1)
     rest = [s for s in scheds[60:] if s.key != best.key][:10]
     ev.observe([best] + rest, [1.0] + [5.0] * len(rest))
@@ -450,17 +459,10 @@ def test_twins_end_with_the_unroll_moves_of_the_fastest(model, monkeypatch):
     import random
 
     from hlotune.schedule_space.mutate import unroll_moves
-    from hlotune.schedule_space.task import tasks_from_subgraphs
     from hlotune.search.evolutionary import TWIN_UNROLL, score
-    from hlotune.search.space import TaskSpace, sample_random
-    from tests.null.test_search import TARGET
 
     monkeypatch.setattr("hlotune.search.evolutionary.TWIN_MOVES", 0)
-    space = TaskSpace(tasks_from_subgraphs(model.frontend.subgraphs, TARGET)[0])
-    scheds = [s for s in sample_random(space, random.Random(5), 120)
-              if any(site.unroll for site in space.sketch_of(s).sites)]
-    learned = _learned().fit([(space.task, s, (synthetic_cost(s),)) for s in scheds[:60]])
-    ev = EvolutionarySearch(space, learned, population=64, generations=1, workers=1)
+    space, scheds, learned, ev = _twin_search(model, 5, "unroll")
     best, second = scheds[60], scheds[61]
     rest = scheds[62:72]
     ev.observe([best, second] + rest, [1.0, 1.5] + [5.0] * len(rest))
