@@ -36,6 +36,7 @@ from hlotune.measure.measurer import ProgramMeasurer  # noqa: E402
 from hlotune.measure.records import MeasureInput  # noqa: E402
 from hlotune.measure.runner import LocalRunner  # noqa: E402
 from hlotune.schedule_space.mutate import outward_moves, unroll_moves  # noqa: E402
+from hlotune.schedule_space.steps import Pragma  # noqa: E402
 from hlotune.schedule_space.task import Task  # noqa: E402
 from hlotune.search.space import TaskSpace  # noqa: E402
 from hlotune.target import Target  # noqa: E402
@@ -49,7 +50,9 @@ def model_scores(path: str, db: str, n: int, task, schedules) -> list[float]:
 
 
 def _pragmas(s) -> str:
-    return "unroll " + ",".join(str(st.value) for st in s.steps if getattr(st, "name", "") == "auto_unroll_max_step")
+    """The schedule's auto_unroll_max_step values, for its row label."""
+    return "unroll " + ",".join(str(st.value) for st in s.steps
+                                if isinstance(st, Pragma) and st.name == "auto_unroll_max_step")
 
 
 def main(argv=None) -> int:

@@ -460,13 +460,16 @@ class EvolutionarySearch:
         moves the time by 5-15 %, the model ranks its values poorly, and a random mutation of the one knob comes
         late: conv3x3_test's early bests with their pragma set to 512 were 6-15 % faster in six of nine runs of
         session 35 (docs/benchmarks.md, search, session 36)."""
-        sk = self.space.sketch_of(self.best[0][2]) if self.best and TWIN_UNROLL > 0 else None
-        if sk is None or not any(site.unroll for site in sk.sites):
+        moves = self._fastest_moves(unroll_moves, "unroll", seen) if TWIN_UNROLL > 0 else []
+        return moves if len(moves) <= TWIN_UNROLL else self._model_best(moves, TWIN_UNROLL)
+
+    def _fastest_moves(self, moves_fn, site_flag: str, seen: set[str]) -> list[Schedule]:
+        """`moves_fn(sketch, fastest)` of the fastest measured schedule, those not in `seen`; none when nothing is
+        measured or its sketch has no `site_flag` site (GPU sketches have no annotation sites)."""
+        sk = self.space.sketch_of(self.best[0][2]) if self.best else None
+        if sk is None or not any(getattr(site, site_flag) for site in sk.sites):
             return []
-        moves = [m for m in unroll_moves(sk, self.best[0][2]) if m.key not in seen]
-        if len(moves) <= TWIN_UNROLL:
-            return moves
-        return self._model_best(moves, TWIN_UNROLL)
+        return [m for m in moves_fn(sk, self.best[0][2]) if m.key not in seen]
 
     def _model_best(self, moves: list[Schedule], k: int) -> list[Schedule]:
         """The model's k best of `moves` (ties by key)."""
@@ -478,10 +481,7 @@ class EvolutionarySearch:
         """The model's TWIN_MOVES best `outward_moves` of the fastest measured schedule not in `seen`: the
         parallel granularity of a well-tiled schedule, which the evolution's random mutations reach late
         (docs/benchmarks.md, search, session 27)."""
-        sk = self.space.sketch_of(self.best[0][2]) if self.best and TWIN_MOVES > 0 else None
-        if sk is None or not any(site.parallel for site in sk.sites):
-            return []
-        moves = [m for m in outward_moves(sk, self.best[0][2]) if m.key not in seen]
+        moves = self._fastest_moves(outward_moves, "parallel", seen) if TWIN_MOVES > 0 else []
         return self._model_best(moves, TWIN_MOVES) if moves else []
 
     def rerank(self, n: int, measured: set[str], rng: random.Random) -> list[Schedule]:
