@@ -490,7 +490,7 @@ def report(a, state: dict, command: str) -> str:
     L.append("| subgraph | policy | trials to 90% (per seed) | of trials | ≤15%? | re-measured: best of the first 15% "
              "/ final (per seed) | ≥0.90? |")
     L.append("|---|---|---|---|---|---|---|")
-    evo15, evo15r = [], []
+    evo15, evo15r, evo15m = [], [], []
     for label, p, t90, n, early in t90_rows:
         fr = [t / k for t, k in zip(t90, n) if t and k]
         ok = all(f <= 0.15 for f in fr) if fr else None
@@ -499,6 +499,8 @@ def report(a, state: dict, command: str) -> str:
         if p == "evolutionary":
             evo15.extend(f <= 0.15 for f in fr)
             evo15r.extend(x >= 0.9 for x in er)
+            if len(er) == len(a.seeds):
+                evo15m.append(statistics.median(er) >= 0.9)
         L.append(f"| {label} | {p} | {', '.join(str(t) for t in t90)} | {', '.join(str(k) for k in n)} | "
                  f"{'yes' if ok else 'no' if ok is not None else '—'} | "
                  f"{', '.join('—' if x is None else f'{x:.2f}' for x in early)} | "
@@ -526,6 +528,10 @@ def report(a, state: dict, command: str) -> str:
                  f"evolutionary runs by the in-run timings -> {'MET' if all(evo15) else 'NOT MET'}"
                  + (f"; re-measured: {sum(evo15r)} of {len(evo15r)} -> {'MET' if all(evo15r) else 'NOT MET'}"
                     if evo15r else "") + ".")
+        if evo15m:
+            L.append(f"  Per subgraph, the median over its {len(a.seeds)} seeds (as 'best' in the latency table): "
+                     f"{sum(evo15m)} of {len(evo15m)} subgraphs re-measured at ≥ 0.90 -> "
+                     f"{'MET' if all(evo15m) else 'NOT MET'}.")
     if rt:
         worst = max(r["wall_s"] for r in rt["rounds"])
         L.append(f"- One round ≤ 10 s on dense+bias+relu: slowest of {len(rt['rounds'])} rounds {worst:.2f} s -> "
