@@ -19,6 +19,7 @@ import math
 import statistics
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,7 +36,7 @@ from hlotune.measure.builder import LocalBuilder  # noqa: E402
 from hlotune.measure.measurer import ProgramMeasurer  # noqa: E402
 from hlotune.measure.records import MeasureInput  # noqa: E402
 from hlotune.measure.runner import LocalRunner  # noqa: E402
-from hlotune.schedule_space.mutate import outward_moves, unroll_moves  # noqa: E402
+from hlotune.schedule_space.mutate import _decode, _replaying, outward_moves, unroll_moves  # noqa: E402
 from hlotune.schedule_space.steps import Pragma  # noqa: E402
 from hlotune.schedule_space.task import Task  # noqa: E402
 from hlotune.search.space import TaskSpace  # noqa: E402
@@ -55,6 +56,25 @@ def _pragmas(s) -> str:
                                 if isinstance(st, Pragma) and st.name == "auto_unroll_max_step")
 
 
+def ladder_moves(sketch, schedule, steps=(4, 16)) -> list:
+    """The schedules with one tile level's factor multiplied or divided by each of `steps` (where it divides), the
+    other decisions kept: a coarse, model-free walk over a small sketch's tile space (session 37's probe of the
+    packed-GEMM sketch's row and k blocks)."""
+    d = _decode(sketch, schedule)
+    if d is None:
+        return []
+
+    def variants():
+        for h, f in enumerate(d.tiles):
+            for lv, x in enumerate(f):
+                for m in steps:
+                    for y in (x // m if x % m == 0 else 0, x * m):
+                        if y >= 1:
+                            yield replace(d, tiles=d.tiles[:h] + (f[:lv] + (y,) + f[lv + 1:],) + d.tiles[h + 1:])
+
+    return _replaying(sketch, schedule, variants())
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("label", help="a subgraph label of search_compare.py")
@@ -62,7 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", type=int, default=4)
     ap.add_argument("--model", help="a pretrained model (never trained on this workload) to score the moves")
     ap.add_argument("--n", type=int, default=16, help="records the model learns first")
-    ap.add_argument("--moves", choices=("outward", "unroll", "both"), default="outward")
+    ap.add_argument("--moves", choices=("outward", "unroll", "both", "ladder"), default="outward")
     a = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     row = next((r for r in SUBGRAPHS if r[0] == a.label), None)
@@ -79,13 +99,19 @@ def main(argv=None) -> int:
     f = min(valid, key=lambda i: costs[i])
     early, final = schedule_of(recs[e]), schedule_of(recs[f])
     sk = space.sketch_of(early)
-    kinds = {"outward": (outward_moves,), "unroll": (unroll_moves,), "both": (outward_moves, unroll_moves)}
+    kinds = {"outward": (outward_moves,), "unroll": (unroll_moves,), "both": (outward_moves, unroll_moves),
+             "ladder": (ladder_moves,)}
     moves = [(fn.__name__.split("_")[0], m) for fn in kinds[a.moves] for m in fn(sk, early)] if sk is not None else []
     measured = {schedule_of(r).key for r in recs}
-    fin = f"final {_pragmas(final)}"
-    cands = {f"early {_pragmas(early)}": early, fin: final}
+
+    def tag(s) -> str:
+        d = _decode(sk, s) if sk is not None else None
+        return _pragmas(s) + (f" tiles {d.tiles}" if d is not None and a.moves == "ladder" else "")
+
+    fin = f"final {tag(final)}"
+    cands = {f"early {tag(early)}": early, fin: final}
     for k, (kind, m) in enumerate(moves):
-        cands[f"{kind} move {k} {_pragmas(m)}" + (" (measured in the run)" if m.key in measured else "")] = m
+        cands[f"{kind} move {k} {tag(m)}" + (" (measured in the run)" if m.key in measured else "")] = m
     scores = dict(zip(cands, model_scores(a.model, a.db, a.n, task, list(cands.values())))) if a.model else {}
     print(f"{a.label}: early best = trial {e + 1}, final = trial {f + 1}, {len(moves)} {a.moves} moves", flush=True)
     names = list(cands)
