@@ -19,7 +19,6 @@ import math
 import statistics
 import sys
 import warnings
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,7 +35,7 @@ from hlotune.measure.builder import LocalBuilder  # noqa: E402
 from hlotune.measure.measurer import ProgramMeasurer  # noqa: E402
 from hlotune.measure.records import MeasureInput  # noqa: E402
 from hlotune.measure.runner import LocalRunner  # noqa: E402
-from hlotune.schedule_space.mutate import _decode, _replaying, outward_moves, unroll_moves  # noqa: E402
+from hlotune.schedule_space.mutate import _decode, _replaying, outward_moves, unroll_moves, with_level  # noqa: E402
 from hlotune.schedule_space.steps import Pragma  # noqa: E402
 from hlotune.schedule_space.task import Task  # noqa: E402
 from hlotune.search.space import TaskSpace  # noqa: E402
@@ -70,7 +69,7 @@ def ladder_moves(sketch, schedule, steps=(4, 16)) -> list:
                 for m in steps:
                     for y in (x // m if x % m == 0 else 0, x * m):
                         if y >= 1:
-                            yield replace(d, tiles=d.tiles[:h] + (f[:lv] + (y,) + f[lv + 1:],) + d.tiles[h + 1:])
+                            yield with_level(d, h, lv, y)
 
     return _replaying(sketch, schedule, variants())
 

@@ -12,6 +12,7 @@ Map:
                                                   count): more, smaller parallel tasks or outer k blocks
   unroll_moves(sketch, schedule)                  every schedule with one stage's auto-unroll pragma set to
                                                   another value (the other decisions kept)
+  with_level(decisions, hole, level, factor)      the decisions with one tile level's factor replaced
   crossover(sketch, a, b, rng)                    each tile hole and each annotation site from one parent
   MUTATIONS                                       (name, function, weight): tile size the most
 
@@ -155,11 +156,17 @@ def outward_moves(sketch: Sketch, schedule: Schedule, max_par: int = 3) -> list[
                 if x < 2:
                     continue
                 p = divisors(x)[1]   # its smallest prime
-                tiles = d.tiles[:h] + (f[:lv] + (x // p,) + f[lv + 1:],) + d.tiles[h + 1:]
+                moved = with_level(d, h, lv, x // p)
                 for par in pars:
-                    yield replace(d, tiles=tiles, par=par)
+                    yield replace(moved, par=par)
 
     return _replaying(sketch, schedule, variants())
+
+
+def with_level(d: Decisions, hole: int, level: int, factor: int) -> Decisions:
+    """`d` with tile hole `hole`'s level `level` set to `factor` (the other decisions kept; not checked)."""
+    f = d.tiles[hole]
+    return replace(d, tiles=d.tiles[:hole] + (f[:level] + (factor,) + f[level + 1:],) + d.tiles[hole + 1:])
 
 
 def unroll_moves(sketch: Sketch, schedule: Schedule) -> list[Schedule]:
@@ -243,5 +250,5 @@ def mutate(sketch: Sketch, schedule: Schedule, rng=None) -> Schedule | None:
 
 
 __all__ = ["mutate_tile_size", "mutate_unroll", "mutate_compute_location", "mutate_parallel", "mutate_pack",
-           "outward_moves", "unroll_moves", "crossover",
+           "outward_moves", "unroll_moves", "with_level", "crossover",
            "mutate", "MUTATIONS"]
