@@ -35,7 +35,7 @@ from hlotune.measure.builder import LocalBuilder  # noqa: E402
 from hlotune.measure.measurer import ProgramMeasurer  # noqa: E402
 from hlotune.measure.records import MeasureInput  # noqa: E402
 from hlotune.measure.runner import LocalRunner  # noqa: E402
-from hlotune.schedule_space.mutate import _decode, _replaying, outward_moves, unroll_moves, with_level  # noqa: E402
+from hlotune.schedule_space.mutate import _decode, ladder_moves, outward_moves, unroll_moves  # noqa: E402
 from hlotune.schedule_space.steps import Pragma  # noqa: E402
 from hlotune.schedule_space.task import Task  # noqa: E402
 from hlotune.search.space import TaskSpace  # noqa: E402
@@ -53,25 +53,6 @@ def _pragmas(s) -> str:
     """The schedule's auto_unroll_max_step values, for its row label."""
     return "unroll " + ",".join(str(st.value) for st in s.steps
                                 if isinstance(st, Pragma) and st.name == "auto_unroll_max_step")
-
-
-def ladder_moves(sketch, schedule, steps=(4, 16)) -> list:
-    """The schedules with one tile level's factor multiplied or divided by each of `steps` (where it divides), the
-    other decisions kept: a coarse, model-free walk over a small sketch's tile space (session 37's probe of the
-    packed-GEMM sketch's row and k blocks)."""
-    d = _decode(sketch, schedule)
-    if d is None:
-        return []
-
-    def variants():
-        for h, f in enumerate(d.tiles):
-            for lv, x in enumerate(f):
-                for m in steps:
-                    for y in (x // m if x % m == 0 else 0, x * m):
-                        if y >= 1:
-                            yield with_level(d, h, lv, y)
-
-    return _replaying(sketch, schedule, variants())
 
 
 def main(argv=None) -> int:

@@ -12,6 +12,8 @@ Map:
                                                   count): more, smaller parallel tasks or outer k blocks
   unroll_moves(sketch, schedule)                  every schedule with one stage's auto-unroll pragma set to
                                                   another value (the other decisions kept)
+  ladder_moves(sketch, schedule, steps)           every schedule with one tile level's factor multiplied or
+                                                  divided by 4 or 16 (a coarse walk over the tile sizes)
   with_level(decisions, hole, level, factor)      the decisions with one tile level's factor replaced
   crossover(sketch, a, b, rng)                    each tile hole and each annotation site from one parent
   MUTATIONS                                       (name, function, weight): tile size the most
@@ -163,6 +165,29 @@ def outward_moves(sketch: Sketch, schedule: Schedule, max_par: int = 3) -> list[
     return _replaying(sketch, schedule, variants())
 
 
+def ladder_moves(sketch: Sketch, schedule: Schedule, steps: tuple[int, ...] = (4, 16)) -> list[Schedule]:
+    """The schedules with one tile level's factor multiplied or divided by each of `steps` (divided only where it
+    divides), the hole's outer loop taking up the rest and the other decisions kept (moves that do not replay are
+    skipped).  Deterministic, the nearer moves first: for each step, each level divided, then each level
+    multiplied (in hole, level order).  A coarse, model-free walk over a tile space: the packed-GEMM sketch's row
+    and k blocks sit 8-64x away from where a model that never saw the workload ranks them (docs/benchmarks.md,
+    search, sessions 37-38)."""
+    d = _decode(sketch, schedule)
+    if d is None:
+        return []
+    levels = [(h, lv, x) for h, f in enumerate(d.tiles) for lv, x in enumerate(f)]
+
+    def variants():
+        for m in steps:
+            for down in (True, False):
+                for h, lv, x in levels:
+                    y = (x // m if x % m == 0 else 0) if down else x * m
+                    if y >= 1:
+                        yield with_level(d, h, lv, y)
+
+    return _replaying(sketch, schedule, variants())
+
+
 def with_level(d: Decisions, hole: int, level: int, factor: int) -> Decisions:
     """`d` with tile hole `hole`'s level `level` set to `factor` (the other decisions kept; not checked)."""
     f = d.tiles[hole]
@@ -250,5 +275,5 @@ def mutate(sketch: Sketch, schedule: Schedule, rng=None) -> Schedule | None:
 
 
 __all__ = ["mutate_tile_size", "mutate_unroll", "mutate_compute_location", "mutate_parallel", "mutate_pack",
-           "outward_moves", "unroll_moves", "with_level", "crossover",
+           "outward_moves", "unroll_moves", "ladder_moves", "with_level", "crossover",
            "mutate", "MUTATIONS"]

@@ -10,7 +10,8 @@ Map:
                                                       structure's best candidate up front (the first part of a
                                                       fresh task's first round)
     .twins(measured, rng, room) -> list[Schedule]     the fastest measured schedules with their packing toggled,
-                                                      the model's best outward moves of the fastest and its
+                                                      the model's best outward moves of the fastest, its tile
+                                                      ladder (a sketch with one level per tile hole) and its
                                                       unroll pragma's other values (tried first in the first
                                                       round's later parts)
   structure(schedule) -> tuple                        sketch, stages with parallel / vectorized loops, packed buffers
@@ -56,7 +57,7 @@ import numpy as np
 
 from .. import config
 from ..schedule_space.loop_ir import ForKind
-from ..schedule_space.mutate import mutate_pack, outward_moves, unroll_moves
+from ..schedule_space.mutate import ladder_moves, mutate_pack, outward_moves, unroll_moves
 from ..schedule_space.steps import Annotate, Pack, Schedule
 from .space import TaskSpace, crossover, mutate, sample_random  # per sketch kind (CPU / GPU)
 
@@ -72,6 +73,14 @@ TWIN_MOVES = 2
 #: `twins`: this many of the fastest measured schedule's `unroll_moves` (its unroll pragma set to each other value;
 #: all of them when one site has them, else the model's best)
 TWIN_UNROLL = 3
+#: `twins`: all of the fastest measured schedule's `ladder_moves` (one tile level x / 4 or 16) when every tile hole of
+#: its sketch has at most this many levels (a tiny tile space: the packed-GEMM `gemm_panel`'s row and k blocks), else
+#: the model's TWIN_LADDER_BEST best of them (0: none)
+TWIN_LADDER_LEVELS = 1
+TWIN_LADDER_BEST = 0
+#: `twins`: the ladder moves stop where the twins take this share of the part they start (filling whole parts cost
+#: the normal mode's shipped model its own good picks: docs/benchmarks.md, search, session 38)
+TWIN_LADDER_SHARE = 0.5
 #: a round's sampling and each generation's children are cut into this many chunks, each with its own random
 #: stream, so that the candidates do not depend on how many processes make them
 CHUNKS = 4
@@ -435,9 +444,11 @@ class EvolutionarySearch:
         parts try them first: a structure judged by one poorly tiled representative (`sketch_bests_first`)
         looks slow, and the model then keeps it out; with the best tiling found so far it gets a fair trial.
         On small GEMMs the pack costs more than it saves (docs/benchmarks.md, search, session 26).  Then the
-        model's TWIN_MOVES best `outward_moves` of the fastest (`_moves`), then the fastest's `unroll_moves`
-        (`_unrolls`) where all the twins then take at most half of `room` (the size of the part they start; None:
-        no limit): twins that fill a small part leave the model's own picks out of it (session 29)."""
+        model's TWIN_MOVES best `outward_moves` of the fastest (`_moves`), then its `ladder_moves` (`_ladder`: a
+        sketch with one level per tile hole) up to half of `room` (the size of the part they start; None: no
+        limit), then the fastest's `unroll_moves` (`_unrolls`) where all the twins then take at most half of `room`:
+        twins that fill a small part leave the model's own picks out of it (session 29; session 38: a ladder that
+        filled the parts cost the shipped model, which knows the workload, its own good picks)."""
         out: list[Schedule] = []
         seen = set(measured)
         for _, _, s in self.best[:TWIN_BESTS]:
@@ -451,6 +462,9 @@ class EvolutionarySearch:
                     seen.add(t.key)
         out += self._moves(seen)
         seen |= {t.key for t in out}
+        ladder = self._ladder(seen)
+        out += ladder if room is None else ladder[: max(0, int(room * TWIN_LADDER_SHARE) - len(out))]
+        seen |= {t.key for t in out}
         unrolls = self._unrolls(seen)
         return out + unrolls if room is None or len(out) + len(unrolls) <= room // 2 else out
 
@@ -463,11 +477,25 @@ class EvolutionarySearch:
         moves = self._fastest_moves(unroll_moves, "unroll", seen) if TWIN_UNROLL > 0 else []
         return moves if len(moves) <= TWIN_UNROLL else self._model_best(moves, TWIN_UNROLL)
 
-    def _fastest_moves(self, moves_fn, site_flag: str, seen: set[str]) -> list[Schedule]:
-        """`moves_fn(sketch, fastest)` of the fastest measured schedule, those not in `seen`; none when nothing is
-        measured or its sketch has no `site_flag` site (GPU sketches have no annotation sites)."""
+    def _ladder(self, seen: set[str]) -> list[Schedule]:
+        """The fastest measured schedule's `ladder_moves` not in `seen`: all of them when each tile hole of its
+        sketch has at most TWIN_LADDER_LEVELS levels, else the model's TWIN_LADDER_BEST best.  Where a sketch's tile
+        space is that small the model's ranking within it decides everything, and on a workload it never saw it
+        can sit 8-64x off in both holes (batch_matmul's row and k blocks); the ladder walks there in a few parts,
+        each from the fastest so far (docs/benchmarks.md, search, sessions 37-38)."""
         sk = self.space.sketch_of(self.best[0][2]) if self.best else None
-        if sk is None or not any(getattr(site, site_flag) for site in sk.sites):
+        tiny = sk is not None and all(h.n <= TWIN_LADDER_LEVELS for h in sk.tiles)
+        if not tiny and TWIN_LADDER_BEST <= 0:
+            return []
+        moves = self._fastest_moves(ladder_moves, None, seen)
+        return moves if tiny or not moves else self._model_best(moves, TWIN_LADDER_BEST)
+
+    def _fastest_moves(self, moves_fn, site_flag: str | None, seen: set[str]) -> list[Schedule]:
+        """`moves_fn(sketch, fastest)` of the fastest measured schedule, those not in `seen`; none when nothing is
+        measured, its sketch has no `site_flag` site (GPU sketches have no annotation sites) or, with `site_flag`
+        None, no CPU tile hole (a CPU sketch may have holes and no annotation site: the packed-GEMM `gemm_panel`)."""
+        sk = self.space.sketch_of(self.best[0][2]) if self.best else None
+        if sk is None or not sk.tiles or (site_flag and not any(getattr(site, site_flag) for site in sk.sites)):
             return []
         return [m for m in moves_fn(sk, self.best[0][2]) if m.key not in seen]
 

@@ -29,6 +29,7 @@ from hlotune.schedule_space.loop_ir import ForKind
 from hlotune.schedule_space.lower import lower
 from hlotune.schedule_space.mutate import (
     crossover,
+    ladder_moves,
     mutate,
     mutate_compute_location,
     mutate_parallel,
@@ -334,6 +335,44 @@ def test_outward_moves_split_work_outward_and_compute_right():
     flat = realize(sk, type(d)(tuple((1,) * len(t) for t in d.tiles), d.loc, d.par, d.vec, d.unroll, d.pack),
                    random.Random(0), s.workload_key)
     assert all(all(x == 1 for x in t) for t in decisions_of(sk, flat).tiles) and outward_moves(sk, flat) == []
+
+
+def _ladder_variants(d) -> set:
+    """Every (hole, level, factor) one ladder step from `d`'s tiles: x / 4, x / 16 where they divide, x * 4, x * 16."""
+    return {(h, lv, y) for h, f in enumerate(d.tiles) for lv, x in enumerate(f)
+            for m in (4, 16) for y in ((x // m,) if x % m == 0 else ()) + (x * m,)}
+
+
+def test_ladder_moves_scale_one_tile_level_by_4_or_16_and_compute_right():
+    """`ladder_moves`: one level of one tile hole multiplied or divided by 4 or 16 (the hole's outer loop takes the
+    rest), every other decision kept; valid, distinct, deterministic, computing the right values, downward steps
+    among them; a schedule whose tiles are all 1 moves up only."""
+    for name in ("dense_bias_relu", "conv2d_bias_relu"):
+        sg = _subgraphs(name, "hlo")[0]
+        task, cd = _task(sg), sg.workload.compute
+        ins, want = _io(sg, 4)
+        sk = next(x for x in generate_sketches(task) if x.has_holes and x.tiles)
+        s = max(sample_schedules(sk, task, 6, 40), key=lambda x: sum(sum(f) for f in decisions_of(sk, x).tiles))
+        d = decisions_of(sk, s)
+        moves = ladder_moves(sk, s)
+        assert moves and len({m.key for m in moves}) == len(moves) and s.key not in {m.key for m in moves}
+        assert [m.key for m in ladder_moves(sk, s)] == [m.key for m in moves]           # deterministic
+        expect, got = _ladder_variants(d), set()
+        for m in moves:
+            dm = decisions_of(sk, m)
+            assert (dm.loc, dm.par, dm.vec, dm.unroll, dm.pack) == (d.loc, d.par, d.vec, d.unroll, d.pack)
+            changed = [(h, lv, dm.tiles[h][lv]) for h in range(len(d.tiles)) for lv in range(len(d.tiles[h]))
+                       if dm.tiles[h][lv] != d.tiles[h][lv]]
+            assert len(changed) == 1 and changed[0] in expect
+            got.add(changed[0])
+            check_state(replay(cd, m.steps))
+        assert any(y < d.tiles[h][lv] for h, lv, y in got)                               # downward steps too
+        for m in moves[:: max(1, len(moves) // 4)]:
+            _check_numerics(cd, m, ins, want, f"{name} ladder move")
+    flat = realize(sk, type(d)(tuple((1,) * len(t) for t in d.tiles), d.loc, d.par, d.vec, d.unroll, d.pack),
+                   random.Random(0), s.workload_key)
+    ups = ladder_moves(sk, flat)
+    assert ups and all(sorted(x for t in decisions_of(sk, m).tiles for x in t if x > 1) in ([4], [16]) for m in ups)
 
 
 def test_unroll_moves_set_each_other_pragma_value_and_compute_right():

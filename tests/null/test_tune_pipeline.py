@@ -545,3 +545,46 @@ def test_first_round_in_one_piece_when_off_or_cold(model, tmp_path, monkeypatch)
     _tune(model, open_database(str(tmp_path / "off.db")), meas, trials=65, batch_size=64, confirm=0,
           cost_model=_pretrained(model))
     assert meas.sizes == [1, 64]
+
+
+def test_twins_walk_the_tile_ladder_of_a_small_sketch_without_annotation_sites(monkeypatch):
+    """The fastest measured schedule of the packed-GEMM sketch (`gemm_panel`: a row block and a k block, no
+    annotation site, so no packing, outward or unroll twins): `twins` are all its `ladder_moves` not yet measured
+    (each hole has one level), a measured one skipped, at most half of the part they start; a fastest of a sketch
+    with deeper tiles adds none of its ladder moves, or the model's TWIN_LADDER_BEST best of them when that is set."""
+    import random
+
+    from hlotune.schedule_space.annotate import sample_schedules
+    from hlotune.schedule_space.mutate import ladder_moves
+    from hlotune.schedule_space.task import Task
+    from hlotune.search.evolutionary import TWIN_LADDER_LEVELS, score
+    from hlotune.search.space import TaskSpace, sample_random
+    from tests.cpu.test_gemm_panel import CASES, WIDTHS
+
+    (sg,) = [s for s in hlotune.load_model(CASES["dense_bias_relu"]).frontend.subgraphs if s.workload.flops > 1e6]
+    space = TaskSpace(Task(sg.workload.key, sg.workload.compute, WIDTHS["avx512"]))
+    (panel,) = [sk for sk in space.sketches if sk.rules == ("gemm_panel",)]
+    assert panel.tiles and not panel.sites and all(h.n <= TWIN_LADDER_LEVELS for h in panel.tiles)
+    learned = _learned()
+    others = [s for s in sample_random(space, random.Random(2), 60) if s.sketch != panel.id]
+    learned.fit([(space.task, s, (synthetic_cost(s),)) for s in others[:40]])
+    ev = EvolutionarySearch(space, learned, population=64, generations=1, workers=1)
+    best = sample_schedules(panel, None, 3, 1)[0]
+    ev.observe([best] + others[40:50], [1.0] + [5.0] * 10)
+    measured = {s.key for s in [best] + others[40:50]}
+    moves = ladder_moves(panel, best)
+    assert len(moves) >= 2
+    assert [t.key for t in ev.twins(measured, random.Random(0))] == [m.key for m in moves]
+    assert [t.key for t in ev.twins(measured | {moves[0].key}, random.Random(0))] == [m.key for m in moves[1:]]
+    assert [t.key for t in ev.twins(measured, random.Random(0), room=5)] == [m.key for m in moves[:2]]  # half a part
+
+    big = max(others[:40], key=lambda s: len(ladder_moves(space.sketch_of(s), s)))
+    big_moves = ladder_moves(space.sketch_of(big), big)
+    assert len(big_moves) > 2 and any(h.n > TWIN_LADDER_LEVELS for h in space.sketch_of(big).tiles)
+    ev.observe([big], [0.5])                                             # now the fastest
+    keys = {m.key for m in big_moves}
+    assert not keys & {t.key for t in ev.twins(measured | {big.key}, random.Random(0))}
+    monkeypatch.setattr("hlotune.search.evolutionary.TWIN_LADDER_BEST", 2)
+    sc = score(space, learned, big_moves, None)
+    want = [big_moves[j].key for j in sorted(range(len(big_moves)), key=lambda j: (-sc[j], big_moves[j].key))[:2]]
+    assert [t.key for t in ev.twins(measured | {big.key}, random.Random(0)) if t.key in keys] == want
