@@ -78,9 +78,10 @@ TWIN_UNROLL = 3
 #: the model's TWIN_LADDER_BEST best of them (0: none)
 TWIN_LADDER_LEVELS = 1
 TWIN_LADDER_BEST = 0
-#: `twins`: the ladder moves stop where the twins take this share of the part they start (filling whole parts cost
-#: the normal mode's shipped model its own good picks: docs/benchmarks.md, search, session 38)
-TWIN_LADDER_SHARE = 0.5
+#: `twins`: the ladder moves stop where the twins take this share of the part they start, and the unroll moves come
+#: only where all the twins fit in it: twins that fill a part leave the model's own picks out of it (session 29; a
+#: ladder filling whole parts cost the normal mode's shipped model its good picks: docs/benchmarks.md, session 38)
+TWIN_SHARE = 0.5
 #: a round's sampling and each generation's children are cut into this many chunks, each with its own random
 #: stream, so that the candidates do not depend on how many processes make them
 CHUNKS = 4
@@ -445,10 +446,9 @@ class EvolutionarySearch:
         looks slow, and the model then keeps it out; with the best tiling found so far it gets a fair trial.
         On small GEMMs the pack costs more than it saves (docs/benchmarks.md, search, session 26).  Then the
         model's TWIN_MOVES best `outward_moves` of the fastest (`_moves`), then its `ladder_moves` (`_ladder`: a
-        sketch with one level per tile hole) up to half of `room` (the size of the part they start; None: no
-        limit), then the fastest's `unroll_moves` (`_unrolls`) where all the twins then take at most half of `room`:
-        twins that fill a small part leave the model's own picks out of it (session 29; session 38: a ladder that
-        filled the parts cost the shipped model, which knows the workload, its own good picks)."""
+        sketch with one level per tile hole) up to TWIN_SHARE (half) of `room` (the size of the part they start;
+        None: no limit), then the fastest's `unroll_moves` (`_unrolls`) where all the twins then fit in that share:
+        twins that fill a small part leave the model's own picks out of it (sessions 29, 38)."""
         out: list[Schedule] = []
         seen = set(measured)
         for _, _, s in self.best[:TWIN_BESTS]:
@@ -462,11 +462,12 @@ class EvolutionarySearch:
                     seen.add(t.key)
         out += self._moves(seen)
         seen |= {t.key for t in out}
+        share = None if room is None else int(room * TWIN_SHARE)
         ladder = self._ladder(seen)
-        out += ladder if room is None else ladder[: max(0, int(room * TWIN_LADDER_SHARE) - len(out))]
+        out += ladder if share is None else ladder[: max(0, share - len(out))]
         seen |= {t.key for t in out}
         unrolls = self._unrolls(seen)
-        return out + unrolls if room is None or len(out) + len(unrolls) <= room // 2 else out
+        return out + unrolls if share is None or len(out) + len(unrolls) <= share else out
 
     def _unrolls(self, seen: set[str]) -> list[Schedule]:
         """The fastest measured schedule's `unroll_moves` not in `seen`: all of them when there are at most
@@ -495,7 +496,7 @@ class EvolutionarySearch:
         measured, its sketch has no `site_flag` site (GPU sketches have no annotation sites) or, with `site_flag`
         None, no CPU tile hole (a CPU sketch may have holes and no annotation site: the packed-GEMM `gemm_panel`)."""
         sk = self.space.sketch_of(self.best[0][2]) if self.best else None
-        if sk is None or not sk.tiles or (site_flag and not any(getattr(site, site_flag) for site in sk.sites)):
+        if sk is None or not (any(getattr(site, site_flag) for site in sk.sites) if site_flag else sk.tiles):
             return []
         return [m for m in moves_fn(sk, self.best[0][2]) if m.key not in seen]
 
