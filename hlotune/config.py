@@ -87,6 +87,9 @@ SETTINGS: tuple[Setting, ...] = (
             "such over-unrolled code took 6-13 s to build and was never within 10 % of its task's best"),
     Setting("measure_realtime", _bool, False, "time CPU candidates at real-time priority (SCHED_RR) where this "
                                               "user may: other jobs can then not preempt a parallel kernel's threads"),
+    Setting("measure_rt_pace", _bool, True, "a real-time runner rests between timings to stay within the kernel's "
+                                            "real-time budget (sched_rt_runtime_us), whose throttling otherwise "
+                                            "stalls a timing ~50 ms each busy second"),
     Setting("measure_cutoff", float, 1.5, "a candidate whose first timed repeat is more than this many times slower "
                                           "than its task's best stops there (recorded with that repeat; 0: off); "
                                           "one whose checked first call is twice that slow stops before timing"),

@@ -38,7 +38,7 @@ from ..ir.expr import ComputeDef
 from ..schedule_space.loop_ir import LoopFunc, Seq
 from ..target import Target
 from .records import BuildResult, ErrorKind
-from .workers import Worker, wait_any
+from .workers import Worker, set_policy, wait_any
 
 #: seconds a worker may take to start (import numpy / llvmlite / hlotune) before it counts as failed
 START_TIMEOUT = 120.0
@@ -176,7 +176,16 @@ class LocalBuilder:
         self.restarts = 0
 
     def _spawn(self) -> Worker:
-        return Worker("hlotune.measure.builder:make_handler", None, self.memory_bytes, "hlotune-builder").start()
+        """A worker at normal priority even when this process is real-time (`chrt`): building never needs it, and
+        a real-time builder would spend the cores' real-time budget that the runner's timings live in
+        (runner.RtPacer)."""
+        w = Worker("hlotune.measure.builder:make_handler", None, self.memory_bytes, "hlotune-builder").start()
+        try:
+            if os.sched_getscheduler(w.proc.pid) != os.SCHED_OTHER:
+                set_policy(w.proc.pid, os.SCHED_OTHER)
+        except (AttributeError, OSError):
+            pass
+        return w
 
     def _ensure_pool(self) -> None:
         self._workers = [w for w in self._workers if w.proc is not None]

@@ -6,10 +6,11 @@ Map:
     .run(task_data, builds, faults) -> list[MeasureResult]   one candidate at a time
     .set_best({task key: seconds})   the tuner's per-task best, for the early cutoff of hopeless candidates
     .realtime() -> bool              whether the runner process really times at SCHED_RR
-    .set_priority(p) -> bool         time at SCHED_RR priority p (above a tuner that itself runs real-time)
+    .set_priority(p) -> bool         time at SCHED_RR priority p (a tuner started under chrt: only its runner)
     .close()
   load_kernel(build, target) -> CpuKernel      object code -> execution engine -> CpuKernel (in-process)
-  measure_kernel(kernel, data, timing, fault)  check + timing of one loaded kernel (in-process)
+  measure_kernel(kernel, data, timing, fault, flusher, pace)  check + timing of one loaded kernel (in-process)
+  RtPacer          keeps a real-time runner under the kernel's RT throttling (rests between timings)
   _RunHandler      the runner process: task data cache, the faults of the test hook
 
 One long-lived runner process per device (spawned through the forkserver, so its LLVM state is clean);
@@ -45,6 +46,8 @@ Per candidate, in the runner:
      the fastest decides and is the cost: a cold parallel call pays for waking the runtime's threads);
      and when both of its first two repeats are over `cutoff2_s` (SECOND_CUTOFF x the best: it cannot be a new
      best) it stops after those two.  On workload A's 256 trials the first two save about 15 of 105 s of tuning.
+  6. real-time pacing: a runner at real-time priority (SCHED_RR/FIFO) sleeps RtPacer's rest before a timing that
+     would take its busy time since the last rest past the kernel's real-time budget (see RtPacer).
 Defaults: 3 repeats of at least 34 ms, so a candidate near the best is timed for about 100 ms (plus 10 ms
 of warm-up).  The timed calls include the ~0.2 us of a Python call through
 ctypes (the same as an executable's), which matters only for kernels of a few microseconds.
@@ -66,7 +69,7 @@ from ..buffers import aligned_copy
 from ..target import Target
 from .records import BuildResult, ErrorKind, MeasureResult
 from .reference import TaskData, compare, poison
-from .workers import Worker
+from .workers import Worker, set_policy
 
 START_TIMEOUT = 120.0
 RUN_FAULTS = ("segfault", "hang", "oom", "raise", "wrong")
@@ -82,6 +85,11 @@ COLD_SLACK_S = 2e-3
 SECOND_CUTOFF = 1.1
 #: the cache-flush buffer is twice the last-level cache, at most this (some VMs report a host-wide L3)
 FLUSH_MAX_BYTES = 128 << 20
+#: RtPacer: kept unused of the kernel's real-time budget per period, and added to the rest it must leave (seconds)
+RT_MARGIN_S = 0.1
+RT_REST_MARGIN_S = 0.02
+#: where Linux keeps the real-time throttling budget (microseconds; runtime -1: no throttling)
+RT_SYSCTL = "/proc/sys/kernel/sched_rt_{}_us"
 
 
 @dataclass(frozen=True)
@@ -160,9 +168,66 @@ class _Flusher:
         self.buf.fill(self.n)
 
 
+def rt_budget(sysctl: str = RT_SYSCTL) -> tuple[float, float] | None:
+    """(period, runtime) of Linux's real-time throttling in seconds: real-time threads may use `runtime` of each
+    `period` of a core; None when it is off (runtime -1) or cannot be read."""
+    try:
+        period, runtime = (int(open(sysctl.format(k)).read()) * 1e-6 for k in ("period", "runtime"))
+    except (OSError, ValueError):
+        return None
+    return (period, runtime) if 0 < runtime < period else None
+
+
+class RtPacer:
+    """Keeps a real-time runner under the kernel's RT throttling.  Linux lets real-time threads use `runtime` of
+    each `period` of a core (950 ms of 1 s by default), then stops every real-time thread of the core until the
+    period ends: a runner busy for a whole batch at SCHED_RR stalls ~50 ms each second, and the repeat it is
+    timing then takes 2.5x as long (a 34 ms repeat: 84 ms; benchmarks/rt_stalls.py measures it).  Call the pacer
+    before each timing with the time it will take: when that would bring the time busy since the last rest past
+    `busy_s` (the budget less RT_MARGIN_S), it sleeps `rest_s` (what the period leaves, plus RT_REST_MARGIN_S)
+    first.  An idle gap of at least `rest_s` between calls (the runner waiting for the next batch) is a rest too;
+    the first call rests (what the process used before it is not known).  `done()` marks the end of a candidate
+    (the runner may idle from there).  The rest is only a rest when nothing else on the cores is real-time: the
+    tuner puts its search at normal priority (tuner._realtime_timing_only), and builders always build at normal
+    priority."""
+
+    def __init__(self, busy_s: float, rest_s: float, clock=time.perf_counter, sleep=time.sleep):
+        self.busy_s, self.rest_s = busy_s, rest_s
+        self.clock, self.sleep = clock, sleep
+        self.since: float | None = None    # start of the busy stretch
+        self.idle_at: float | None = None  # end of the last candidate
+        self.rests = 0
+
+    @staticmethod
+    def for_budget(budget: tuple[float, float] | None) -> RtPacer | None:
+        if budget is None:
+            return None
+        period, runtime = budget
+        return RtPacer(max(runtime - RT_MARGIN_S, 0.5 * runtime), period - runtime + RT_REST_MARGIN_S)
+
+    def __call__(self, next_s: float = 0.0) -> None:
+        now = self.clock()
+        if self.since is not None and self.idle_at is not None and now - self.idle_at >= self.rest_s:
+            self.since = now
+        self.idle_at = None
+        if self.since is None or (now - self.since + next_s > self.busy_s and now > self.since):
+            self.sleep(self.rest_s)
+            self.rests += 1
+            self.since = self.clock()
+
+    def done(self) -> None:
+        self.idle_at = self.clock()
+
+
+def _no_pace(next_s: float = 0.0) -> None:
+    return None
+
+
 def measure_kernel(kernel, data: TaskData, timing: TimingConfig, fault: str | None = None,
-                   flusher: _Flusher | None = None) -> tuple[ErrorKind, str, tuple[float, ...]]:
-    """Check and time a loaded kernel on the task's inputs: (error kind, message, costs)."""
+                   flusher: _Flusher | None = None, pace=None) -> tuple[ErrorKind, str, tuple[float, ...]]:
+    """Check and time a loaded kernel on the task's inputs: (error kind, message, costs).  `pace(seconds)` is
+    called before each timed stretch with its expected length (an RtPacer, for a real-time runner)."""
+    pace = pace or _no_pace
     func = kernel.func
     outs = []
     for b, ref in zip(func.outputs, data.expected):
@@ -175,6 +240,7 @@ def measure_kernel(kernel, data: TaskData, timing: TimingConfig, fault: str | No
     inputs = [aligned_copy(a) for a in data.inputs]
     run = kernel.bind(*inputs, *outs)
     _inject_run_fault(fault, "run")
+    pace(0.0)
     t0 = time.perf_counter_ns()
     run()
     first = time.perf_counter_ns() - t0
@@ -199,6 +265,7 @@ def measure_kernel(kernel, data: TaskData, timing: TimingConfig, fault: str | No
         return ErrorKind.NONE, "", (check * 1e-9,)
     # warm-up (the checked calls count)
     warm = int(timing.warmup_ms * 1e6)
+    pace(max(warm - spent, 0) * 1e-9)
     t0 = time.perf_counter_ns() - spent
     while spent < warm:
         run()
@@ -210,6 +277,7 @@ def measure_kernel(kernel, data: TaskData, timing: TimingConfig, fault: str | No
     for _ in range(max(1, timing.repeats)):
         if flusher is not None:
             flusher()
+        pace(number * per_call * 1e-9)
         t0 = time.perf_counter_ns()
         for _ in range(number):
             run()
@@ -230,6 +298,8 @@ class _RunHandler:
         _init_llvm(self.target)
         self.tasks: dict[str, TaskData] = {}
         self.flusher: _Flusher | None = None
+        # used while this process is real-time (its parent may make it so later)
+        self.pacer = RtPacer.for_budget(rt_budget()) if config.get("measure_rt_pace") else None
 
     def __call__(self, msg):
         if msg[0] == "task":
@@ -246,14 +316,24 @@ class _RunHandler:
             if timing.flush_cache and self.flusher is None:
                 self.flusher = _Flusher(self.target)
             kind, text, costs = measure_kernel(kernel, self.tasks[key], timing, fault,
-                                               self.flusher if timing.flush_cache else None)
+                                               self.flusher if timing.flush_cache else None, self._pace())
         except MemoryError:
             kind, text, costs = ErrorKind.RUNTIME, "MemoryError: the candidate exceeded the runner's memory cap", ()
         except Exception as e:
             kind, text, costs = ErrorKind.RUNTIME, f"{type(e).__name__}: {e}", ()
         finally:
             del kernel
+            if self.pacer is not None:
+                self.pacer.done()
         return kind, text, costs, time.perf_counter() - t0
+
+    def _pace(self):
+        """The pacer while this process runs at real-time priority (its parent may raise it at any time)."""
+        try:
+            rt = os.sched_getscheduler(0) in (os.SCHED_RR, os.SCHED_FIFO)
+        except (AttributeError, OSError):
+            rt = False
+        return self.pacer if rt else None
 
 
 def raise_priority() -> bool:
@@ -272,17 +352,7 @@ def raise_priority() -> bool:
 def set_rr(pid: int, priority: int) -> bool:
     """SCHED_RR `priority` for every thread of process `pid` (threads it starts later inherit it); False when not
     allowed for one of them."""
-    try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except (OSError, ValueError):
-        tids = [pid]
-    ok = True
-    for tid in tids:
-        try:
-            os.sched_setscheduler(tid, os.SCHED_RR, os.sched_param(priority))
-        except (AttributeError, OSError):
-            ok = False
-    return ok
+    return set_policy(pid, os.SCHED_RR, priority)
 
 
 def make_handler(target_json: str) -> _RunHandler:
@@ -367,8 +437,8 @@ class LocalRunner:
 
     def set_priority(self, priority: int) -> bool:
         """Time at SCHED_RR `priority` (every thread of the runner process, and of any runner started after it):
-        above a tuner that itself runs at real-time priority (started under `chrt`), whose search can then run
-        while a candidate is timed without disturbing it.  False when not allowed."""
+        a tuner started under `chrt` keeps only its runner real-time (tuner._realtime_timing_only), so its search
+        can run while a candidate is timed without disturbing it.  False when not allowed."""
         self.priority = int(priority)
         w = self._ensure()
         return w is not None and set_rr(w.proc.pid, self.priority)

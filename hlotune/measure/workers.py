@@ -10,6 +10,7 @@ Map:
   wait_any(workers, t)  the workers whose pipe is readable (a reply, or EOF when the child died)
   cap_memory(extra)     RLIMIT_AS = current virtual size + extra bytes (MemoryError instead of an
                         exhausted machine)
+  set_policy(pid, policy, priority)   the scheduling policy of every thread of a process
 
 Why processes and not threads: LLVM is not thread-safe across Python threads (one global context),
 and a candidate that crashes, hangs or allocates without bound must take down only its own process.
@@ -62,6 +63,22 @@ def cap_memory(extra_bytes: int | None) -> None:
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def set_policy(pid: int, policy: int, priority: int = 0) -> bool:
+    """`os.sched_setscheduler` for every thread of process `pid` (threads it starts later inherit it); False
+    when not allowed for one of them."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except (OSError, ValueError):
+        tids = [pid]
+    ok = True
+    for tid in tids:
+        try:
+            os.sched_setscheduler(tid, policy, os.sched_param(priority))
+        except (AttributeError, OSError):
+            ok = False
+    return ok
 
 
 def child_main(conn, factory: str, init: Any, memory_bytes: int | None) -> None:

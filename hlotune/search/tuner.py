@@ -29,8 +29,10 @@ One run:
      learns batch k while batch k+1 is measured.  The trials in flight count for the budget and for the
      random streams (seeded runs stay reproducible); a batch proposed when the budget has run out is dropped.
      The search must not share the cores with a timing as an equal: a tuner itself at real-time priority
-     (`chrt`) puts its runner one priority above it (`_search_beside_measurement`).  Ctrl-C loses the batch in
-     flight (the measurer is told to abort) and is never lost itself (`_CtrlC`: the search forks).
+     (`chrt`) gives the runner its priority and puts itself (search, cost model) at normal priority for the
+     run (`_realtime_timing_only`; builders always build at normal priority): the kernel's RT throttling
+     would otherwise stall the timing when real-time work fills the cores.  Ctrl-C loses the batch in flight
+     (the measurer is told to abort) and is never lost itself (`_CtrlC`: the search forks).
   6. a fresh task's first round, when the cost model already ranks (the pretrained one), is measured in parts
      (`tune_warmup`, default 8, 8, 16, 16): after each part the model learns it and the rest of the round's
      candidates are ranked again (`rerank`), except once, when WARM_EVOLVE_AFTER trials are known, where a new
@@ -428,7 +430,8 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
     pending: _Batch | None = None    # the batch being measured while the next one is searched
     trial0: tuple | None = None      # (todo, job): the default schedules measured while the first round is searched
     warm_sizes: tuple[int, ...] = tuple(config.get("tune_warmup"))
-    restore: list[tuple] = []        # what _search_beside_measurement changed
+    restore: list[tuple] = []        # what _realtime_timing_only and _search_beside_measurement changed
+    rt_how: str | None = None        # what _realtime_timing_only did (None: not yet asked)
 
     def elapsed() -> float:
         return elapsed0 + time.perf_counter() - t_start
@@ -440,9 +443,12 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
         return [r.default if r.default is not None else math.inf for r in runs]
 
     def get_measurer():
-        nonlocal measurer
+        nonlocal measurer, rt_how
         if measurer is None:
             measurer = _default_measurer(workers, timing, seed, target)
+        if rt_how is None:   # once, before anything is measured
+            old, rt_how = _realtime_timing_only(measurer)
+            restore.append((old, None))
         return measurer
 
     def run_batch(m, i_of: list[int], scheds: list[Schedule]):
@@ -494,11 +500,9 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
         nonlocal pipelined
         if pipelined is None:
             pipelined = report.pipelined = _pipelined(pipeline, m, target)
-            how = ""
             if pipelined:
-                restore.append(_search_beside_measurement(m))
-                how = restore[-1][2]
-            log.write("pipeline", on=pipelined, priority=how)
+                restore.append((None, _search_beside_measurement()))
+            log.write("pipeline", on=pipelined, priority=rt_how or "")
         return pipelined
 
     def submit(b: _Batch) -> _Batch:
@@ -736,7 +740,7 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
             pending.job.abandon(measurer)
         if trial0 is not None:
             trial0[1].abandon(measurer)
-        for sched_param, interval, _ in restore:
+        for sched_param, interval in restore:
             _restore_search(sched_param, interval)
         prog.close()
         if own_measurer and measurer is not None:
@@ -884,44 +888,70 @@ def _pipelined(mode: str, measurer, target: Target) -> bool:
 PIPELINE_SWITCH_INTERVAL = 0.001
 
 
-def _search_beside_measurement(measurer=None) -> tuple:
-    """Settings for searching while a batch is measured: (what `_restore_search` puts back, and what was done to
-    priorities, for the log).
-    - A tuner started under `chrt` runs its search at real-time priority, as an equal of the kernel being timed:
-      the runner goes one real-time priority above it (`runner.set_priority`), so the search still has the cores
-      before other jobs but never before the timing; where that cannot be done, this thread (and so the
-      processes the search forks, and the measuring thread started next) goes back to normal priority.
-    - A shorter thread switch interval (PIPELINE_SWITCH_INTERVAL; main thread only), so the runner waits less
-      between candidates."""
-    old, how = None, ""
+def _realtime_timing_only(measurer) -> tuple:
+    """Under `chrt` (this thread at SCHED_RR or SCHED_FIFO) only the timing stays real-time: the runner gets this
+    thread's priority (`runner.set_priority`, every thread of it), and everything else goes to normal priority
+    until the run ends (`_restore_search` puts them back): every real-time thread of this process (the search,
+    the processes it forks, the cost model's and BLAS's threads); builder processes always build at normal
+    priority (`LocalBuilder._spawn`).  Why: Linux's RT throttling stops every real-time thread of a core for the
+    rest of a second once real-time work has used 950 ms of it; with the search and builders real-time too, the
+    cores' budget ran out every second of a batch and the repeat being timed stalled ~50 ms (2.5x).  The runner
+    alone keeps under the budget (runner.RtPacer).  Two tuners in threads of one process share this: the first
+    run to end restores the threads it changed.
+    Returns (what to restore: [(thread id, policy, param)], a note for the log); (None, "") for a tuner at normal
+    priority."""
     try:
-        policy = os.sched_getscheduler(0)
-        if policy in (os.SCHED_RR, os.SCHED_FIFO):
-            prio = os.sched_getparam(0).sched_priority
-            set_priority = getattr(getattr(measurer, "runner", None), "set_priority", None)
-            if callable(set_priority) and prio < os.sched_get_priority_max(os.SCHED_RR) and set_priority(prio + 1):
-                how = f"runner at real-time priority {prio + 1}, search at {prio}"
-            else:
-                old = (policy, os.sched_getparam(0))
-                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-                how = "search at normal priority"
+        if os.sched_getscheduler(0) not in _REALTIME:
+            return None, ""
+        prio = os.sched_getparam(0).sched_priority
     except (AttributeError, OSError):
-        old = None
-    interval = None
-    if threading.current_thread() is threading.main_thread():   # (several tuning threads would race to restore it)
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(interval, PIPELINE_SWITCH_INTERVAL))
-    return old, interval, how
+        return None, ""
+    how = "search at normal priority"
+    set_priority = getattr(getattr(measurer, "runner", None), "set_priority", None)
+    if callable(set_priority) and set_priority(prio):
+        how = f"runner at real-time priority {prio}, {how}"
+    changed = []
+    for tid in _thread_ids():
+        try:
+            policy, param = os.sched_getscheduler(tid), os.sched_getparam(tid)
+            if policy in _REALTIME:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                changed.append((tid, policy, param))
+        except OSError:
+            pass   # (a thread that ended meanwhile)
+    return changed, how
 
 
-def _restore_search(sched_param: tuple | None, interval: float | None) -> None:
+_REALTIME = tuple(getattr(os, n) for n in ("SCHED_RR", "SCHED_FIFO") if hasattr(os, n))
+
+
+def _thread_ids() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except (OSError, ValueError):
+        return [0]
+
+
+def _search_beside_measurement() -> float | None:
+    """While pipelined: a shorter thread switch interval (PIPELINE_SWITCH_INTERVAL; main thread only), so the
+    measuring thread, which needs the GIL for a moment per candidate, waits less between candidates.  Returns
+    what `_restore_search` puts back."""
+    if threading.current_thread() is not threading.main_thread():   # (several tuning threads would race)
+        return None
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, PIPELINE_SWITCH_INTERVAL))
+    return interval
+
+
+def _restore_search(changed: list | None, interval: float | None) -> None:
+    """Puts back what `_realtime_timing_only` (threads' policies) and `_search_beside_measurement` changed."""
     if interval is not None:
         sys.setswitchinterval(interval)
-    if sched_param is not None:
+    for tid, policy, param in changed or ():
         try:
-            os.sched_setscheduler(0, *sched_param)
-        except (AttributeError, OSError):
-            pass
+            os.sched_setscheduler(tid, policy, param)
+        except OSError:
+            pass   # (a thread that has ended)
 
 
 def _set_best(measurer, runs: list[_TaskRun]) -> None:

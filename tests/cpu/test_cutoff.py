@@ -69,16 +69,21 @@ def test_runner_reports_real_time_priority(on):
     assert p.stdout.split()[-1] == str(on == "1" and _may_use_realtime())
 
 
-def test_runner_goes_above_a_real_time_tuner():
-    """A tuner started under chrt pipelines with its runner one real-time priority above its search (every thread
-    of the runner process), so the search never preempts a timing."""
+def test_only_the_runner_stays_real_time_under_a_real_time_tuner():
+    """A tuner started under chrt gives its runner its real-time priority (every thread of the runner process) and
+    puts itself at normal priority for the run: with the search real-time too, the kernel's RT throttling stalled
+    the timing itself (runner.RtPacer)."""
     import threading
 
-    from hlotune.search.tuner import _search_beside_measurement
+    from hlotune.search.tuner import _realtime_timing_only, _restore_search
 
     seen = {}
     runner = LocalRunner(TIMING)
     runner.start()   # from this (normal) thread: the forkserver's later children must not inherit real-time
+
+    def threads(pid):
+        return {(os.sched_getscheduler(int(t)), os.sched_getparam(int(t)).sched_priority)
+                for t in os.listdir(f"/proc/{pid}/task")}
 
     def body():
         try:
@@ -87,12 +92,11 @@ def test_runner_goes_above_a_real_time_tuner():
             seen["skip"] = True
             return
         try:
-            old, _, how = _search_beside_measurement(ProgramMeasurer(LocalBuilder(n_workers=1), runner))
-            seen["how"], seen["old"] = how, old
-            seen["search"] = (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority)
-            pid = runner._worker.proc.pid
-            seen["runner"] = {(os.sched_getscheduler(int(t)), os.sched_getparam(int(t)).sched_priority)
-                              for t in os.listdir(f"/proc/{pid}/task")}
+            old, how = _realtime_timing_only(ProgramMeasurer(LocalBuilder(n_workers=1), runner))
+            seen["how"], seen["search"] = how, os.sched_getscheduler(0)
+            seen["runner"] = threads(runner._worker.proc.pid)
+            _restore_search(old, None)
+            seen["after"] = os.sched_getscheduler(0)
         finally:
             runner.close()
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
@@ -103,5 +107,29 @@ def test_runner_goes_above_a_real_time_tuner():
     runner.close()
     if seen.get("skip"):
         pytest.skip("this user may not use SCHED_RR")
-    assert seen["old"] is None and "priority 2" in seen["how"]
-    assert seen["search"] == (os.SCHED_RR, 1) and seen["runner"] == {(os.SCHED_RR, 2)}
+    assert "real-time priority 1" in seen["how"]
+    assert seen["search"] == os.SCHED_OTHER and seen["after"] == os.SCHED_RR
+    assert seen["runner"] == {(os.SCHED_RR, 1)}
+
+
+_BUILDER_PROBE = """
+import os
+os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+from hlotune.measure.builder import LocalBuilder
+b = LocalBuilder(n_workers=1)
+b._ensure_pool()
+pid = b._workers[0].proc.pid
+print(sorted({os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{pid}/task")}), os.sched_getscheduler(0))
+b.close()
+"""
+
+
+def test_builders_build_at_normal_priority_under_a_real_time_parent():
+    """Building never needs real-time priority, and a real-time builder spends the cores' real-time budget that the
+    runner's timings live in: a pool started by a real-time process (its forkserver real-time too) still builds at
+    SCHED_OTHER."""
+    if not _may_use_realtime():
+        pytest.skip("this user may not use SCHED_RR")
+    p = subprocess.run([sys.executable, "-c", _BUILDER_PROBE], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-500:]
+    assert p.stdout.split("\n")[-2] == f"[{os.SCHED_OTHER}] {os.SCHED_RR}"

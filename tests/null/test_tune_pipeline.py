@@ -246,14 +246,19 @@ def test_bad_pipeline_value_is_an_input_error(model, tmp_path):
         _tune(model, open_database(str(tmp_path / "b.db")), SyntheticMeasurer(), pipeline="sometimes")
 
 
-def test_search_beside_measurement_leaves_real_time_priority_and_restores_it():
-    """A tuner started under chrt, with a runner whose priority cannot be raised above it: while pipelined, its
-    search thread runs at normal priority (the runner's SCHED_RR then preempts it), and gets its priority back at
-    the end."""
+def test_real_time_tuner_leaves_real_time_priority_and_restores_it():
+    """A tuner started under chrt, with a measurer that has no runner priority to set: for the run it goes to
+    normal priority (only a timing may be real-time: RT throttling), and gets its priority back at the end; a
+    tuner at normal priority changes nothing."""
     import os
     import sys
 
-    from hlotune.search.tuner import PIPELINE_SWITCH_INTERVAL, _restore_search, _search_beside_measurement
+    from hlotune.search.tuner import (
+        PIPELINE_SWITCH_INTERVAL,
+        _realtime_timing_only,
+        _restore_search,
+        _search_beside_measurement,
+    )
 
     seen = {}
 
@@ -263,9 +268,9 @@ def test_search_beside_measurement_leaves_real_time_priority_and_restores_it():
         except (AttributeError, OSError):
             seen["skip"] = True
             return
-        old = _search_beside_measurement(SyntheticMeasurer())
-        seen["during"] = os.sched_getscheduler(0)
-        _restore_search(*old[:2])
+        old, how = _realtime_timing_only(SyntheticMeasurer())
+        seen["during"], seen["how"] = os.sched_getscheduler(0), how
+        _restore_search(old, None)
         seen["after"] = os.sched_getscheduler(0)
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
@@ -274,11 +279,12 @@ def test_search_beside_measurement_leaves_real_time_priority_and_restores_it():
     th.join()
     if seen.get("skip"):
         pytest.skip("this user may not use SCHED_RR")
-    assert seen == {"during": os.SCHED_OTHER, "after": os.SCHED_RR}
+    assert seen == {"during": os.SCHED_OTHER, "after": os.SCHED_RR, "how": "search at normal priority"}
+    assert _realtime_timing_only(SyntheticMeasurer()) == (None, "")
     interval = sys.getswitchinterval()   # the switch interval changes in the main thread only
     old = _search_beside_measurement()
     assert sys.getswitchinterval() == min(interval, PIPELINE_SWITCH_INTERVAL)
-    _restore_search(*old[:2])
+    _restore_search(None, old)
     assert sys.getswitchinterval() == interval
 
 
