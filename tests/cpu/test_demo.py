@@ -6,7 +6,8 @@ import re
 from hlotune import demo
 
 
-def test_demo_runs_and_checks(tmp_path, capsys):
+def test_demo_runs_and_checks(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HLOTUNE_LOG_DIR", str(tmp_path / "logs"))   # the run log: not into the checkout's logs/
     log = tmp_path / "demo.db"
     rc = demo.main(["--seconds", "3", "--size", "test", "--tuning-log", str(log), "--population", "128",
                     "--batch-size", "8"])
@@ -17,6 +18,7 @@ def test_demo_runs_and_checks(tmp_path, capsys):
     m = re.search(r"default schedules ([\d.]+) ms, tuned ([\d.]+) ms -> speedup ([\d.]+)x", out)
     assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, out
     assert log.exists()
+    assert len(list((tmp_path / "logs").glob("tune-*.jsonl"))) == 1
 
 
 def test_demo_unknown_model(capsys):
