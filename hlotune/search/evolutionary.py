@@ -75,9 +75,10 @@ TWIN_MOVES = 2
 TWIN_UNROLL = 3
 #: `twins`: all of the fastest measured schedule's `ladder_moves` (one tile level x / 4 or 16) when every tile hole of
 #: its sketch has at most this many levels (a tiny tile space: the packed-GEMM `gemm_panel`'s row and k blocks), else
-#: the model's TWIN_LADDER_BEST best of them (0: none)
+#: the model's TWIN_LADDER_BEST best of them (0: none; 4 since session 39: held out, dense_relu, conv3x3_test and
+#: mlp_grad_dot_9 reached 90 % within 15 % in 15 of 18 runs against 10 of 18 with none)
 TWIN_LADDER_LEVELS = 1
-TWIN_LADDER_BEST = 0
+TWIN_LADDER_BEST = 4
 #: `twins`: the ladder moves stop where the twins take this share of the part they start, and the unroll moves come
 #: only where all the twins fit in it: twins that fill a part leave the model's own picks out of it (session 29; a
 #: ladder filling whole parts cost the normal mode's shipped model its good picks: docs/benchmarks.md, session 38)
@@ -483,7 +484,8 @@ class EvolutionarySearch:
         sketch has at most TWIN_LADDER_LEVELS levels, else the model's TWIN_LADDER_BEST best.  Where a sketch's tile
         space is that small the model's ranking within it decides everything, and on a workload it never saw it
         can sit 8-64x off in both holes (batch_matmul's row and k blocks); the ladder walks there in a few parts,
-        each from the fastest so far (docs/benchmarks.md, search, sessions 37-38)."""
+        each from the fastest so far (docs/benchmarks.md, search, sessions 37-38).  Deeper sketches have 10-32
+        such moves; the model picks a few, each one tile level of the fastest away (session 39)."""
         sk = self.space.sketch_of(self.best[0][2]) if self.best else None
         tiny = sk is not None and all(h.n <= TWIN_LADDER_LEVELS for h in sk.tiles)
         if not tiny and TWIN_LADDER_BEST <= 0:

@@ -375,12 +375,13 @@ def test_first_round_is_measured_in_parts_and_reranked(model, tmp_path, monkeypa
 
 def test_twins_toggle_the_packing_of_the_measured_bests(model, monkeypatch):
     """`twins`: the TWIN_BESTS fastest measured schedules with their B packing toggled, same sketch and tiling,
-    none measured before, none twice; unmeasured or unpackable bests give none (the outward moves, tested
-    below, left out)."""
+    none measured before, none twice; unmeasured or unpackable bests give none (the outward, unroll and ladder
+    moves, tested below, left out)."""
     import random
 
     monkeypatch.setattr("hlotune.search.evolutionary.TWIN_MOVES", 0)
     monkeypatch.setattr("hlotune.search.evolutionary.TWIN_UNROLL", 0)
+    monkeypatch.setattr("hlotune.search.evolutionary.TWIN_LADDER_BEST", 0)
 
     from hlotune.schedule_space.mutate import mutate_pack
     from hlotune.schedule_space.steps import Pack, Split
@@ -434,11 +435,12 @@ def _twin_search(model, seed: int, site_flag: str):
 
 def test_twins_end_with_the_models_best_outward_moves_of_the_fastest(model, monkeypatch):
     """After the packing twins, `twins` adds the TWIN_MOVES outward moves of the fastest measured schedule that
-    the model scores highest, none measured; a measured move is skipped for the next one (the unroll moves,
-    tested below, left out)."""
+    the model scores highest, none measured; a measured move is skipped for the next one (the unroll and ladder
+    moves, tested below, left out)."""
     import random
 
     monkeypatch.setattr("hlotune.search.evolutionary.TWIN_UNROLL", 0)
+    monkeypatch.setattr("hlotune.search.evolutionary.TWIN_LADDER_BEST", 0)
 
     from hlotune.schedule_space.mutate import outward_moves
     from hlotune.search.evolutionary import TWIN_MOVES, score
@@ -557,13 +559,13 @@ def test_twins_walk_the_tile_ladder_of_a_small_sketch_without_annotation_sites(m
     """The fastest measured schedule of the packed-GEMM sketch (`gemm_panel`: a row block and a k block, no
     annotation site, so no packing, outward or unroll twins): `twins` are all its `ladder_moves` not yet measured
     (each hole has one level), a measured one skipped, at most half of the part they start; a fastest of a sketch
-    with deeper tiles adds none of its ladder moves, or the model's TWIN_LADDER_BEST best of them when that is set."""
+    with deeper tiles adds the model's TWIN_LADDER_BEST best of its ladder moves (none when that is 0)."""
     import random
 
     from hlotune.schedule_space.annotate import sample_schedules
     from hlotune.schedule_space.mutate import ladder_moves
     from hlotune.schedule_space.task import Task
-    from hlotune.search.evolutionary import TWIN_LADDER_LEVELS, score
+    from hlotune.search.evolutionary import TWIN_LADDER_BEST, TWIN_LADDER_LEVELS, score
     from hlotune.search.space import TaskSpace, sample_random
     from tests.cpu.test_gemm_panel import CASES, WIDTHS
 
@@ -589,8 +591,11 @@ def test_twins_walk_the_tile_ladder_of_a_small_sketch_without_annotation_sites(m
     assert len(big_moves) > 2 and any(h.n > TWIN_LADDER_LEVELS for h in space.sketch_of(big).tiles)
     ev.observe([big], [0.5])                                             # now the fastest
     keys = {m.key for m in big_moves}
-    assert not keys & {t.key for t in ev.twins(measured | {big.key}, random.Random(0))}
-    monkeypatch.setattr("hlotune.search.evolutionary.TWIN_LADDER_BEST", 2)
     sc = score(space, learned, big_moves, None)
-    want = [big_moves[j].key for j in sorted(range(len(big_moves)), key=lambda j: (-sc[j], big_moves[j].key))[:2]]
-    assert [t.key for t in ev.twins(measured | {big.key}, random.Random(0)) if t.key in keys] == want
+    ranked = [big_moves[j].key for j in sorted(range(len(big_moves)), key=lambda j: (-sc[j], big_moves[j].key))]
+    n = min(TWIN_LADDER_BEST, len(big_moves))
+    assert n >= 2 and [t.key for t in ev.twins(measured | {big.key}, random.Random(0)) if t.key in keys] == ranked[:n]
+    monkeypatch.setattr("hlotune.search.evolutionary.TWIN_LADDER_BEST", 2)
+    assert [t.key for t in ev.twins(measured | {big.key}, random.Random(0)) if t.key in keys] == ranked[:2]
+    monkeypatch.setattr("hlotune.search.evolutionary.TWIN_LADDER_BEST", 0)
+    assert not keys & {t.key for t in ev.twins(measured | {big.key}, random.Random(0))}
