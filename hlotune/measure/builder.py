@@ -180,11 +180,8 @@ class LocalBuilder:
         a real-time builder would spend the cores' real-time budget that the runner's timings live in
         (runner.RtPacer)."""
         w = Worker("hlotune.measure.builder:make_handler", None, self.memory_bytes, "hlotune-builder").start()
-        try:
-            if os.sched_getscheduler(w.proc.pid) != os.SCHED_OTHER:
-                set_policy(w.proc.pid, os.SCHED_OTHER)
-        except (AttributeError, OSError):
-            pass
+        if hasattr(os, "SCHED_OTHER"):
+            set_policy(w.proc.pid, os.SCHED_OTHER)
         return w
 
     def _ensure_pool(self) -> None:

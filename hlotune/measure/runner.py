@@ -61,6 +61,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -69,7 +70,7 @@ from ..buffers import aligned_copy
 from ..target import Target
 from .records import BuildResult, ErrorKind, MeasureResult
 from .reference import TaskData, compare, poison
-from .workers import Worker, set_policy
+from .workers import REALTIME, Worker, set_policy
 
 START_TIMEOUT = 120.0
 RUN_FAULTS = ("segfault", "hang", "oom", "raise", "wrong")
@@ -172,7 +173,7 @@ def rt_budget(sysctl: str = RT_SYSCTL) -> tuple[float, float] | None:
     """(period, runtime) of Linux's real-time throttling in seconds: real-time threads may use `runtime` of each
     `period` of a core; None when it is off (runtime -1) or cannot be read."""
     try:
-        period, runtime = (int(open(sysctl.format(k)).read()) * 1e-6 for k in ("period", "runtime"))
+        period, runtime = (int(Path(sysctl.format(k)).read_text()) * 1e-6 for k in ("period", "runtime"))
     except (OSError, ValueError):
         return None
     return (period, runtime) if 0 < runtime < period else None
@@ -330,7 +331,7 @@ class _RunHandler:
     def _pace(self):
         """The pacer while this process runs at real-time priority (its parent may raise it at any time)."""
         try:
-            rt = os.sched_getscheduler(0) in (os.SCHED_RR, os.SCHED_FIFO)
+            rt = os.sched_getscheduler(0) in REALTIME
         except (AttributeError, OSError):
             rt = False
         return self.pacer if rt else None

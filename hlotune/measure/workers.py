@@ -11,6 +11,7 @@ Map:
   cap_memory(extra)     RLIMIT_AS = current virtual size + extra bytes (MemoryError instead of an
                         exhausted machine)
   set_policy(pid, policy, priority)   the scheduling policy of every thread of a process
+  thread_ids(pid), REALTIME             a process's threads; the real-time scheduling policies
 
 Why processes and not threads: LLVM is not thread-safe across Python threads (one global context),
 and a candidate that crashes, hangs or allocates without bound must take down only its own process.
@@ -65,15 +66,23 @@ def cap_memory(extra_bytes: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
+#: the real-time scheduling policies (SCHED_RR, SCHED_FIFO) where the platform has them
+REALTIME = tuple(getattr(os, n) for n in ("SCHED_RR", "SCHED_FIFO") if hasattr(os, n))
+
+
+def thread_ids(pid: int) -> list[int]:
+    """The thread ids of process `pid` (just `pid` where /proc cannot say)."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except (OSError, ValueError):
+        return [pid]
+
+
 def set_policy(pid: int, policy: int, priority: int = 0) -> bool:
     """`os.sched_setscheduler` for every thread of process `pid` (threads it starts later inherit it); False
     when not allowed for one of them."""
-    try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except (OSError, ValueError):
-        tids = [pid]
     ok = True
-    for tid in tids:
+    for tid in thread_ids(pid):
         try:
             os.sched_setscheduler(tid, policy, os.sched_param(priority))
         except (AttributeError, OSError):

@@ -11,8 +11,9 @@ Map:
                                                       fresh task's first round)
     .twins(measured, rng, room) -> list[Schedule]     the fastest measured schedules with their packing toggled,
                                                       the model's best outward moves of the fastest, its tile
-                                                      ladder (a sketch with one level per tile hole) and its
-                                                      unroll pragma's other values (tried first in the first
+                                                      ladder (all of it for a sketch with one level per tile
+                                                      hole, else the model's best) and its unroll pragma's
+                                                      other values (tried first in the first
                                                       round's later parts)
   structure(schedule) -> tuple                        sketch, stages with parallel / vectorized loops, packed buffers
   score(space, model, schedules, cache) -> ndarray    predicted scores (higher = faster), features cached
@@ -446,10 +447,11 @@ class EvolutionarySearch:
         parts try them first: a structure judged by one poorly tiled representative (`sketch_bests_first`)
         looks slow, and the model then keeps it out; with the best tiling found so far it gets a fair trial.
         On small GEMMs the pack costs more than it saves (docs/benchmarks.md, search, session 26).  Then the
-        model's TWIN_MOVES best `outward_moves` of the fastest (`_moves`), then its `ladder_moves` (`_ladder`: a
-        sketch with one level per tile hole) up to TWIN_SHARE (half) of `room` (the size of the part they start;
-        None: no limit), then the fastest's `unroll_moves` (`_unrolls`) where all the twins then fit in that share:
-        twins that fill a small part leave the model's own picks out of it (sessions 29, 38)."""
+        model's TWIN_MOVES best `outward_moves` of the fastest (`_moves`), then its `ladder_moves` (`_ladder`: all
+        of them for a sketch with one level per tile hole, else the model's best) up to TWIN_SHARE (half) of `room`
+        (the size of the part they start; None: no limit), then the fastest's `unroll_moves` (`_unrolls`) where all
+        the twins then fit in that share: twins that fill a small part leave the model's own picks out of it
+        (sessions 29, 38, 39)."""
         out: list[Schedule] = []
         seen = set(measured)
         for _, _, s in self.best[:TWIN_BESTS]:

@@ -63,6 +63,7 @@ from typing import Any
 from .. import config
 from ..errors import HlotuneError, InputError
 from ..measure.records import MeasureInput
+from ..measure.workers import REALTIME, thread_ids
 from ..schedule_space.steps import Schedule, schedule_from_json
 from ..schedule_space.task import Task, tasks_from_subgraphs
 from ..target import Target
@@ -901,7 +902,7 @@ def _realtime_timing_only(measurer) -> tuple:
     Returns (what to restore: [(thread id, policy, param)], a note for the log); (None, "") for a tuner at normal
     priority."""
     try:
-        if os.sched_getscheduler(0) not in _REALTIME:
+        if os.sched_getscheduler(0) not in REALTIME:
             return None, ""
         prio = os.sched_getparam(0).sched_priority
     except (AttributeError, OSError):
@@ -911,25 +912,15 @@ def _realtime_timing_only(measurer) -> tuple:
     if callable(set_priority) and set_priority(prio):
         how = f"runner at real-time priority {prio}, {how}"
     changed = []
-    for tid in _thread_ids():
+    for tid in thread_ids(os.getpid()):
         try:
             policy, param = os.sched_getscheduler(tid), os.sched_getparam(tid)
-            if policy in _REALTIME:
+            if policy in REALTIME:
                 os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
                 changed.append((tid, policy, param))
         except OSError:
             pass   # (a thread that ended meanwhile)
     return changed, how
-
-
-_REALTIME = tuple(getattr(os, n) for n in ("SCHED_RR", "SCHED_FIFO") if hasattr(os, n))
-
-
-def _thread_ids() -> list[int]:
-    try:
-        return [int(t) for t in os.listdir("/proc/self/task")]
-    except (OSError, ValueError):
-        return [0]
 
 
 def _search_beside_measurement() -> float | None:
