@@ -10,11 +10,10 @@ Map:
                                                       structure's best candidate up front (the first part of a
                                                       fresh task's first round)
     .twins(measured, rng, room) -> list[Schedule]     the fastest measured schedules with their packing toggled,
-                                                      the model's best outward moves of the fastest, its tile
-                                                      ladder (all of it for a sketch with one level per tile
-                                                      hole, else the model's best) and its unroll pragma's
-                                                      other values (tried first in the first
-                                                      round's later parts)
+                                                      the model's best outward moves of the fastest, its unroll
+                                                      pragma's other values and its tile ladder (all of it for
+                                                      a sketch with one level per tile hole, else the model's
+                                                      best) (tried first in the first round's later parts)
   structure(schedule) -> tuple                        sketch, stages with parallel / vectorized loops, packed buffers
   score(space, model, schedules, cache) -> ndarray    predicted scores (higher = faster), features cached
   fanout(fn, jobs, workers, finish=)                  a round's sampling / children chunks (CHUNKS, each its own
@@ -80,8 +79,8 @@ TWIN_UNROLL = 3
 #: mlp_grad_dot_9 reached 90 % within 15 % in 15 of 18 runs against 10 of 18 with none)
 TWIN_LADDER_LEVELS = 1
 TWIN_LADDER_BEST = 4
-#: `twins`: the ladder moves stop where the twins take this share of the part they start, and the unroll moves come
-#: only where all the twins fit in it: twins that fill a part leave the model's own picks out of it (session 29; a
+#: `twins`: the unroll moves come only where they fit whole in this share of the part they start, and the ladder
+#: moves stop where the twins fill it: twins that fill a part leave the model's own picks out of it (session 29; a
 #: ladder filling whole parts cost the normal mode's shipped model its good picks: docs/benchmarks.md, session 38)
 TWIN_SHARE = 0.5
 #: a round's sampling and each generation's children are cut into this many chunks, each with its own random
@@ -447,11 +446,13 @@ class EvolutionarySearch:
         parts try them first: a structure judged by one poorly tiled representative (`sketch_bests_first`)
         looks slow, and the model then keeps it out; with the best tiling found so far it gets a fair trial.
         On small GEMMs the pack costs more than it saves (docs/benchmarks.md, search, session 26).  Then the
-        model's TWIN_MOVES best `outward_moves` of the fastest (`_moves`), then its `ladder_moves` (`_ladder`: all
-        of them for a sketch with one level per tile hole, else the model's best) up to TWIN_SHARE (half) of `room`
-        (the size of the part they start; None: no limit), then the fastest's `unroll_moves` (`_unrolls`) where all
-        the twins then fit in that share: twins that fill a small part leave the model's own picks out of it
-        (sessions 29, 38, 39)."""
+        model's TWIN_MOVES best `outward_moves` of the fastest (`_moves`), then the fastest's `unroll_moves`
+        (`_unrolls`) where all the twins so far fit in TWIN_SHARE (half) of `room` (the size of the part they
+        start; None: no limit), then its `ladder_moves` (`_ladder`: all of them for a sketch with one level per
+        tile hole, else the model's best) up to that share: twins that fill a small part leave the model's own
+        picks out of it (sessions 29, 38, 39).  The unroll moves go before the ladder: behind the model's four
+        ladder moves of a deeper sketch they no longer fit, and conv3x3_test's fastest early schedule with its
+        pragma at 512 then came at trial 58 instead of ~24 (session 40)."""
         out: list[Schedule] = []
         seen = set(measured)
         for _, _, s in self.best[:TWIN_BESTS]:
@@ -466,11 +467,11 @@ class EvolutionarySearch:
         out += self._moves(seen)
         seen |= {t.key for t in out}
         share = None if room is None else int(room * TWIN_SHARE)
-        ladder = self._ladder(seen)
-        out += ladder if share is None else ladder[: max(0, share - len(out))]
-        seen |= {t.key for t in out}
         unrolls = self._unrolls(seen)
-        return out + unrolls if share is None or len(out) + len(unrolls) <= share else out
+        out += unrolls if share is None or len(out) + len(unrolls) <= share else []
+        seen |= {t.key for t in out}
+        ladder = self._ladder(seen)
+        return out + (ladder if share is None else ladder[: max(0, share - len(out))])
 
     def _unrolls(self, seen: set[str]) -> list[Schedule]:
         """The fastest measured schedule's `unroll_moves` not in `seen`: all of them when there are at most
@@ -488,21 +489,32 @@ class EvolutionarySearch:
         can sit 8-64x off in both holes (batch_matmul's row and k blocks); the ladder walks there in a few parts,
         each from the fastest so far (docs/benchmarks.md, search, sessions 37-38).  Deeper sketches have 10-32
         such moves; the model picks a few, each one tile level of the fastest away (session 39)."""
-        sk = self.space.sketch_of(self.best[0][2]) if self.best else None
+        sk, _ = self._fastest()
         tiny = sk is not None and all(h.n <= TWIN_LADDER_LEVELS for h in sk.tiles)
         if not tiny and TWIN_LADDER_BEST <= 0:
             return []
         moves = self._fastest_moves(ladder_moves, None, seen)
         return moves if tiny or not moves else self._model_best(moves, TWIN_LADDER_BEST)
 
+    def _fastest(self) -> tuple:
+        """(sketch, schedule) of the fastest measured schedule of a sketch with holes; (None, None) when there is
+        none.  The default schedule (a sketch without holes) has no moves: while it is the fastest, as it often is
+        early in the normal mode, the moves are those of the fastest point of a sketch (session 40)."""
+        for _, _, s in self.best:
+            sk = self.space.sketch_of(s)
+            if sk is not None and sk.has_holes:
+                return sk, s
+        return None, None
+
     def _fastest_moves(self, moves_fn, site_flag: str | None, seen: set[str]) -> list[Schedule]:
-        """`moves_fn(sketch, fastest)` of the fastest measured schedule, those not in `seen`; none when nothing is
-        measured, its sketch has no `site_flag` site (GPU sketches have no annotation sites) or, with `site_flag`
-        None, no CPU tile hole (a CPU sketch may have holes and no annotation site: the packed-GEMM `gemm_panel`)."""
-        sk = self.space.sketch_of(self.best[0][2]) if self.best else None
+        """`moves_fn(sketch, fastest)` of the fastest measured schedule of a sketch with holes (`_fastest`), those
+        not in `seen`; none when there is none, its sketch has no `site_flag` site (GPU sketches have no
+        annotation sites) or, with `site_flag` None, no CPU tile hole (a CPU sketch may have holes and no
+        annotation site: the packed-GEMM `gemm_panel`)."""
+        sk, fastest = self._fastest()
         if sk is None or not (any(getattr(site, site_flag) for site in sk.sites) if site_flag else sk.tiles):
             return []
-        return [m for m in moves_fn(sk, self.best[0][2]) if m.key not in seen]
+        return [m for m in moves_fn(sk, fastest) if m.key not in seen]
 
     def _model_best(self, moves: list[Schedule], k: int) -> list[Schedule]:
         """The model's k best of `moves` (ties by key)."""

@@ -580,9 +580,9 @@ def tune_model(model, db, target: Target, *, trials: int | None = None, time_bud
         WARM_SKETCH_PARTS parts (`sketch_bests_first`): after each part the model learns it and ranks the rest of
         the round's candidates again (`rerank`: no new evolution), except once, past WARM_EVOLVE_AFTER trials,
         where a new evolution proposes them.  Each later part starts with the measured bests' `twins` (their
-        packing toggled, then the model's best outward moves of the fastest, then the fastest's other unroll
-        pragmas where the twins leave the model half of the next part).  Returns what is left of the round, for
-        the usual path."""
+        packing toggled, the model's best outward moves of the fastest, the fastest's other unroll pragmas and
+        its tile ladder, in at most half of the next part).  Returns what is left of the round, for the usual
+        path."""
         nonlocal pending
         r = runs[i]
         evolved = False

@@ -461,12 +461,14 @@ def test_twins_end_with_the_models_best_outward_moves_of_the_fastest(model, monk
     assert [t.key for t in tw2 if t.key in {m.key for m in moves}] == [m.key for m in want[1:TWIN_MOVES + 1]]
 
 
-def test_twins_end_with_the_unroll_moves_of_the_fastest(model, monkeypatch):
-    """`twins` ends with the fastest measured schedule's `unroll_moves` not yet measured: all of them when they
-    are at most TWIN_UNROLL, else the model's TWIN_UNROLL best; the second fastest's are not among them."""
+def test_twins_put_the_unroll_moves_of_the_fastest_before_its_ladder(model, monkeypatch):
+    """`twins`: after the packing twins, the fastest measured schedule's `unroll_moves` not yet measured (all of
+    them when they are at most TWIN_UNROLL, else the model's TWIN_UNROLL best; the second fastest's are not among
+    them), then its ladder moves.  In a part too small for all of them the unroll moves come whole or not at all,
+    and the ladder takes what is left of half the part."""
     import random
 
-    from hlotune.schedule_space.mutate import unroll_moves
+    from hlotune.schedule_space.mutate import ladder_moves, unroll_moves
     from hlotune.search.evolutionary import TWIN_UNROLL, score
 
     monkeypatch.setattr("hlotune.search.evolutionary.TWIN_MOVES", 0)
@@ -477,17 +479,26 @@ def test_twins_end_with_the_unroll_moves_of_the_fastest(model, monkeypatch):
     measured = {s.key for s in [best, second] + rest}
     moves = unroll_moves(space.sketch_of(best), best)
     assert 2 <= len(moves) <= TWIN_UNROLL                                 # one unroll site: all its other values
+    ladder = {m.key for m in ladder_moves(space.sketch_of(best), best)}
     tw = ev.twins(measured, random.Random(0))
-    assert [t.key for t in tw[-len(moves):]] == [m.key for m in moves]
+    keys = [t.key for t in tw]
+    at = keys.index(moves[0].key)
+    assert keys[at: at + len(moves)] == [m.key for m in moves]
+    head, tail = keys[:at], keys[at + len(moves):]
+    assert tail and set(tail) <= ladder and not set(head) & ladder      # the ladder after them, nothing between
     others = {m.key for m in unroll_moves(space.sketch_of(second), second)}
-    assert not others & {t.key for t in tw}
+    assert not others & set(keys)
     # a measured move is skipped
     tw2 = ev.twins(measured | {moves[0].key}, random.Random(0))
     assert [t.key for t in tw2 if t.key in {m.key for m in moves}] == [m.key for m in moves[1:]]
-    # only where all the twins take at most half of the part they start
-    n = len(tw)
-    assert ev.twins(measured, random.Random(0), room=2 * n) == tw
-    assert [t.key for t in ev.twins(measured, random.Random(0), room=2 * n - 1)] == [t.key for t in tw[:-len(moves)]]
+    # at most half of the part they start: the unroll moves whole, the ladder cut
+    assert ev.twins(measured, random.Random(0), room=2 * len(tw)) == tw
+    fit = len(head) + len(moves)
+    assert [t.key for t in ev.twins(measured, random.Random(0), room=2 * fit + 2)] == keys[: fit + 1]
+    assert [t.key for t in ev.twins(measured, random.Random(0), room=2 * fit)] == keys[:fit]
+    short = [t.key for t in ev.twins(measured, random.Random(0), room=2 * fit - 2)]
+    assert short[: len(head)] == head and not set(short) & {m.key for m in moves}   # the unroll moves left out
+    assert len(short) == fit - 1 and set(short[len(head):]) <= ladder                # the ladder in their place
     # more moves than TWIN_UNROLL: the model's best
     monkeypatch.setattr("hlotune.search.evolutionary.TWIN_UNROLL", 1)
     sc = score(space, learned, moves, None)
@@ -495,6 +506,29 @@ def test_twins_end_with_the_unroll_moves_of_the_fastest(model, monkeypatch):
     top = min(range(len(moves)), key=lambda j: (-sc[j], moves[j].key))
     assert [t.key for t in ev.twins(measured, random.Random(0)) if t.key in {m.key for m in moves}] == \
         [moves[top].key]
+
+
+def test_twins_move_from_the_fastest_sketch_point_while_the_default_leads(model):
+    """While the default schedule (a sketch without holes: no moves of its own) is the fastest measured, the
+    unroll and ladder twins are those of the fastest schedule of a sketch with holes, as if the default were not
+    there; the default gives none of its own."""
+    import random
+
+    from hlotune.schedule_space.mutate import ladder_moves, unroll_moves
+
+    space, scheds, learned, ev = _twin_search(model, 5, "unroll")
+    default = space.default
+    assert default is not None and not space.sketch_of(default).has_holes
+    best, rest = scheds[60], scheds[62:72]
+    measured = {s.key for s in [default, best] + rest}
+    ev.observe([best] + rest, [1.0] + [5.0] * len(rest))
+    alone = ev.twins(measured, random.Random(0))
+    ev.observe([default], [0.5])                                          # the default leads now
+    assert ev.best[0][2].key == default.key
+    led = ev.twins(measured, random.Random(0))
+    assert [t.key for t in led] == [t.key for t in alone]
+    moves = {m.key for m in unroll_moves(space.sketch_of(best), best) + ladder_moves(space.sketch_of(best), best)}
+    assert moves & {t.key for t in led}
 
 
 def test_first_part_tries_each_sketch_best(model):
