@@ -10,10 +10,11 @@ Map:
                                                       structure's best candidate up front (the first part of a
                                                       fresh task's first round)
     .twins(measured, rng, room) -> list[Schedule]     the fastest measured schedules with their packing toggled,
-                                                      the model's best outward moves of the fastest, its unroll
-                                                      pragma's other values and its tile ladder (all of it for
-                                                      a sketch with one level per tile hole, else the model's
-                                                      best) (tried first in the first round's later parts)
+                                                      the model's best outward moves of the fastest (of a
+                                                      sketch with holes), its unroll pragma's other values and
+                                                      its tile ladder (all of it for a sketch with one level
+                                                      per tile hole, else the model's best) (tried first in the
+                                                      first round's later parts)
   structure(schedule) -> tuple                        sketch, stages with parallel / vectorized loops, packed buffers
   score(space, model, schedules, cache) -> ndarray    predicted scores (higher = faster), features cached
   fanout(fn, jobs, workers, finish=)                  a round's sampling / children chunks (CHUNKS, each its own
