@@ -9,9 +9,9 @@ Map:
     .sketch_bests_first(cands) -> list[Schedule]      the same batch with each sketch's and each annotation
                                                       structure's best candidate up front (the first part of a
                                                       fresh task's first round)
-    .twins(measured, rng, room) -> list[Schedule]     the fastest measured schedules with their packing toggled,
-                                                      the model's best outward moves of the fastest (of a
-                                                      sketch with holes), its unroll pragma's other values and
+    .twins(measured, rng, room) -> list[Schedule]     the fastest measured schedules (of sketches with holes)
+                                                      with their packing toggled, the model's best outward
+                                                      moves of the fastest, its unroll pragma's other values and
                                                       its tile ladder (all of it for a sketch with one level
                                                       per tile hole, else the model's best) (tried first in the
                                                       first round's later parts)
@@ -442,23 +442,22 @@ class EvolutionarySearch:
         return (ahead + [s for s in cands if s.key not in keys])[: len(cands)]
 
     def twins(self, measured: set[str], rng: random.Random, room: int | None = None) -> list[Schedule]:
-        """The TWIN_BESTS fastest measured schedules with their B-operand packing toggled (`mutate_pack`: packed
-        ones unpacked, unpacked ones packed), those not yet measured, fastest's first.  The first round's later
-        parts try them first: a structure judged by one poorly tiled representative (`sketch_bests_first`)
-        looks slow, and the model then keeps it out; with the best tiling found so far it gets a fair trial.
-        On small GEMMs the pack costs more than it saves (docs/benchmarks.md, search, session 26).  Then the
-        model's TWIN_MOVES best `outward_moves` of the fastest (`_moves`), then the fastest's `unroll_moves`
-        (`_unrolls`) where all the twins so far fit in TWIN_SHARE (half) of `room` (the size of the part they
-        start; None: no limit), then its `ladder_moves` (`_ladder`: all of them for a sketch with one level per
-        tile hole, else the model's best) up to that share: twins that fill a small part leave the model's own
-        picks out of it (sessions 29, 38, 39).  The unroll moves go before the ladder: behind the model's four
-        ladder moves of a deeper sketch they no longer fit, and conv3x3_test's fastest early schedule with its
+        """The TWIN_BESTS fastest measured schedules of sketches with holes (`_with_holes`: not the default) with their
+        B-operand packing toggled (`mutate_pack`: packed ones unpacked, unpacked ones packed), those not yet
+        measured, fastest's first.  The first round's later parts try them first: a structure judged by one poorly
+        tiled representative (`sketch_bests_first`) looks slow, and the model then keeps it out; with the best tiling
+        found so far it gets a fair trial.  On small GEMMs the pack costs more than it saves (docs/benchmarks.md,
+        search, session 26).  Then the model's TWIN_MOVES best `outward_moves` of the fastest (`_moves`), then the
+        fastest's `unroll_moves` (`_unrolls`) where all the twins so far fit in TWIN_SHARE (half) of `room` (the size
+        of the part they start; None: no limit), then its `ladder_moves` (`_ladder`: all of them for a sketch with
+        one level per tile hole, else the model's best) up to that share: twins that fill a small part leave the
+        model's own picks out of it (sessions 29, 38, 39).  The unroll moves go before the ladder: behind the model's
+        four ladder moves of a deeper sketch they no longer fit, and conv3x3_test's fastest early schedule with its
         pragma at 512 then came at trial 58 instead of ~24 (session 40)."""
         out: list[Schedule] = []
         seen = set(measured)
-        for _, _, s in self.best[:TWIN_BESTS]:
-            sk = self.space.sketch_of(s)
-            if sk is None or not any(site.pack for site in sk.sites):   # GPU sketches have no annotation sites
+        for sk, s in self._with_holes(TWIN_BESTS):
+            if not any(site.pack for site in sk.sites):   # GPU sketches have no annotation sites
                 continue
             for _ in range(TWIN_TRIES):
                 t = mutate_pack(sk, s, rng)
@@ -497,15 +496,25 @@ class EvolutionarySearch:
         moves = self._fastest_moves(ladder_moves, None, seen)
         return moves if tiny or not moves else self._model_best(moves, TWIN_LADDER_BEST)
 
-    def _fastest(self) -> tuple:
-        """(sketch, schedule) of the fastest measured schedule of a sketch with holes; (None, None) when there is
-        none.  The default schedule (a sketch without holes) has no moves: while it is the fastest, as it often is
-        early in the normal mode, the moves are those of the fastest point of a sketch (session 40)."""
+    def _with_holes(self, k: int) -> list[tuple]:
+        """(sketch, schedule) of the `k` fastest measured schedules of sketches with holes, fastest first.  The
+        default schedule (a sketch without holes) has no moves and nothing to pack: while it is among the fastest,
+        as it often is early in the normal mode, the twins come from the fastest points of sketches (session 40;
+        the packing twins since session 41: the default took one of their TWIN_BESTS slots)."""
+        out = []
         for _, _, s in self.best:
             sk = self.space.sketch_of(s)
             if sk is not None and sk.has_holes:
-                return sk, s
-        return None, None
+                out.append((sk, s))
+                if len(out) >= k:
+                    break
+        return out
+
+    def _fastest(self) -> tuple:
+        """(sketch, schedule) of the fastest measured schedule of a sketch with holes (`_with_holes`); (None, None)
+        when there is none."""
+        top = self._with_holes(1)
+        return top[0] if top else (None, None)
 
     def _fastest_moves(self, moves_fn, site_flag: str | None, seen: set[str]) -> list[Schedule]:
         """`moves_fn(sketch, fastest)` of the fastest measured schedule of a sketch with holes (`_fastest`), those

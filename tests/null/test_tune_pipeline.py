@@ -415,6 +415,12 @@ def test_twins_toggle_the_packing_of_the_measured_bests(model, monkeypatch):
         parent = next(b for b in bests[:TWIN_BESTS] if b.sketch == t.sketch and tiles(b) == tiles(t))
         assert structure(t)[2] != structure(parent)[2]                  # packed buffers differ
     assert any(structure(t)[2] == () for t in tw) and any(structure(t)[2] for t in tw)   # both ways
+    # the default schedule (no holes, nothing to pack) leading takes no slot: the same two bests are toggled
+    assert space.default is not None and not space.sketch_of(space.default).has_holes
+    ev.observe([space.default], [0.5])
+    assert ev.best[0][2].key == space.default.key
+    led = ev.twins(measured | {space.default.key}, random.Random(2))
+    assert [t.key for t in led] == [t.key for t in tw]
 
 
 def _twin_search(model, seed: int, site_flag: str):
