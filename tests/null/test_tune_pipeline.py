@@ -375,8 +375,8 @@ def test_first_round_is_measured_in_parts_and_reranked(model, tmp_path, monkeypa
 
 def test_twins_toggle_the_packing_of_the_measured_bests(model, monkeypatch):
     """`twins`: the TWIN_BESTS fastest measured schedules with their B packing toggled, same sketch and tiling,
-    none measured before, none twice; unmeasured or unpackable bests give none (the outward, unroll and ladder
-    moves, tested below, left out)."""
+    none measured before, none twice; unmeasured or unpackable bests give none, and the default schedule leading
+    takes no slot (the outward, unroll and ladder moves, tested below, left out)."""
     import random
 
     monkeypatch.setattr("hlotune.search.evolutionary.TWIN_MOVES", 0)
