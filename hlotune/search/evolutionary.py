@@ -456,7 +456,9 @@ class EvolutionarySearch:
         pragma at 512 then came at trial 58 instead of ~24 (session 40)."""
         out: list[Schedule] = []
         seen = set(measured)
-        for sk, s in self._with_holes(TWIN_BESTS):
+        bests = self._with_holes(max(TWIN_BESTS, 1))
+        fastest = bests[0] if bests else None   # (sketch, schedule): every move below starts from it
+        for sk, s in bests[:TWIN_BESTS]:
             if not any(site.pack for site in sk.sites):   # GPU sketches have no annotation sites
                 continue
             for _ in range(TWIN_TRIES):
@@ -464,36 +466,35 @@ class EvolutionarySearch:
                 if t is not None and t.key not in seen:
                     out.append(t)
                     seen.add(t.key)
-        out += self._moves(seen)
+        out += self._moves(fastest, seen)
         seen |= {t.key for t in out}
         share = None if room is None else int(room * TWIN_SHARE)
-        unrolls = self._unrolls(seen)
+        unrolls = self._unrolls(fastest, seen)
         out += unrolls if share is None or len(out) + len(unrolls) <= share else []
         seen |= {t.key for t in out}
-        ladder = self._ladder(seen)
+        ladder = self._ladder(fastest, seen)
         return out + (ladder if share is None else ladder[: max(0, share - len(out))])
 
-    def _unrolls(self, seen: set[str]) -> list[Schedule]:
-        """The fastest measured schedule's `unroll_moves` not in `seen`: all of them when there are at most
-        TWIN_UNROLL (one unroll site), else the model's TWIN_UNROLL best.  On small kernels the unroll pragma alone
-        moves the time by 5-15 %, the model ranks its values poorly, and a random mutation of the one knob comes
-        late: conv3x3_test's early bests with their pragma set to 512 were 6-15 % faster in six of nine runs of
-        session 35 (docs/benchmarks.md, search, session 36)."""
-        moves = self._fastest_moves(unroll_moves, "unroll", seen) if TWIN_UNROLL > 0 else []
+    def _unrolls(self, fastest: tuple | None, seen: set[str]) -> list[Schedule]:
+        """The fastest measured schedule's (`fastest`: its sketch and itself) `unroll_moves` not in `seen`: all of them
+        when there are at most TWIN_UNROLL (one unroll site), else the model's TWIN_UNROLL best.  On small kernels the
+        unroll pragma alone moves the time by 5-15 %, the model ranks its values poorly, and a random mutation of the
+        one knob comes late: conv3x3_test's early bests with their pragma set to 512 were 6-15 % faster in six of
+        nine runs of session 35 (docs/benchmarks.md, search, session 36)."""
+        moves = self._fastest_moves(fastest, unroll_moves, "unroll", seen) if TWIN_UNROLL > 0 else []
         return moves if len(moves) <= TWIN_UNROLL else self._model_best(moves, TWIN_UNROLL)
 
-    def _ladder(self, seen: set[str]) -> list[Schedule]:
+    def _ladder(self, fastest: tuple | None, seen: set[str]) -> list[Schedule]:
         """The fastest measured schedule's `ladder_moves` not in `seen`: all of them when each tile hole of its
         sketch has at most TWIN_LADDER_LEVELS levels, else the model's TWIN_LADDER_BEST best.  Where a sketch's tile
         space is that small the model's ranking within it decides everything, and on a workload it never saw it
         can sit 8-64x off in both holes (batch_matmul's row and k blocks); the ladder walks there in a few parts,
         each from the fastest so far (docs/benchmarks.md, search, sessions 37-38).  Deeper sketches have 10-32
         such moves; the model picks a few, each one tile level of the fastest away (session 39)."""
-        sk, _ = self._fastest()
-        tiny = sk is not None and all(h.n <= TWIN_LADDER_LEVELS for h in sk.tiles)
+        tiny = fastest is not None and all(h.n <= TWIN_LADDER_LEVELS for h in fastest[0].tiles)
         if not tiny and TWIN_LADDER_BEST <= 0:
             return []
-        moves = self._fastest_moves(ladder_moves, None, seen)
+        moves = self._fastest_moves(fastest, ladder_moves, None, seen)
         return moves if tiny or not moves else self._model_best(moves, TWIN_LADDER_BEST)
 
     def _with_holes(self, k: int) -> list[tuple]:
@@ -510,21 +511,18 @@ class EvolutionarySearch:
                     break
         return out
 
-    def _fastest(self) -> tuple:
-        """(sketch, schedule) of the fastest measured schedule of a sketch with holes (`_with_holes`); (None, None)
-        when there is none."""
-        top = self._with_holes(1)
-        return top[0] if top else (None, None)
-
-    def _fastest_moves(self, moves_fn, site_flag: str | None, seen: set[str]) -> list[Schedule]:
-        """`moves_fn(sketch, fastest)` of the fastest measured schedule of a sketch with holes (`_fastest`), those
-        not in `seen`; none when there is none, its sketch has no `site_flag` site (GPU sketches have no
-        annotation sites) or, with `site_flag` None, no CPU tile hole (a CPU sketch may have holes and no
-        annotation site: the packed-GEMM `gemm_panel`)."""
-        sk, fastest = self._fastest()
-        if sk is None or not (any(getattr(site, site_flag) for site in sk.sites) if site_flag else sk.tiles):
+    def _fastest_moves(self, fastest: tuple | None, moves_fn, site_flag: str | None,
+                       seen: set[str]) -> list[Schedule]:
+        """`moves_fn(sketch, schedule)` of `fastest` (the fastest measured schedule of a sketch with holes and its
+        sketch, from `_with_holes`), those not in `seen`; none when there is none, its sketch has no `site_flag` site
+        (GPU sketches have no annotation sites) or, with `site_flag` None, no CPU tile hole (a CPU sketch may have
+        holes and no annotation site: the packed-GEMM `gemm_panel`)."""
+        if fastest is None:
             return []
-        return [m for m in moves_fn(sk, fastest) if m.key not in seen]
+        sk, s = fastest
+        if not (any(getattr(site, site_flag) for site in sk.sites) if site_flag else sk.tiles):
+            return []
+        return [m for m in moves_fn(sk, s) if m.key not in seen]
 
     def _model_best(self, moves: list[Schedule], k: int) -> list[Schedule]:
         """The model's k best of `moves` (ties by key)."""
@@ -532,11 +530,11 @@ class EvolutionarySearch:
         order = sorted((j for j in range(len(moves)) if np.isfinite(sc[j])), key=lambda j: (-sc[j], moves[j].key))
         return [moves[j] for j in order[:k]]
 
-    def _moves(self, seen: set[str]) -> list[Schedule]:
-        """The model's TWIN_MOVES best `outward_moves` of the fastest measured schedule not in `seen`: the
+    def _moves(self, fastest: tuple | None, seen: set[str]) -> list[Schedule]:
+        """The model's TWIN_MOVES best `outward_moves` of the fastest measured schedule (`fastest`) not in `seen`: the
         parallel granularity of a well-tiled schedule, which the evolution's random mutations reach late
         (docs/benchmarks.md, search, session 27)."""
-        moves = self._fastest_moves(outward_moves, "parallel", seen) if TWIN_MOVES > 0 else []
+        moves = self._fastest_moves(fastest, outward_moves, "parallel", seen) if TWIN_MOVES > 0 else []
         return self._model_best(moves, TWIN_MOVES) if moves else []
 
     def rerank(self, n: int, measured: set[str], rng: random.Random) -> list[Schedule]:
