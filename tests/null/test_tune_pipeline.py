@@ -540,11 +540,13 @@ def test_twins_move_from_the_fastest_sketch_point_while_the_default_leads(model)
 def test_first_part_tries_each_sketch_best(model):
     """The first part of a fresh task's first round: the default-like seeds, then the model's best candidate of
     every sketch (best first), then the best of every annotation structure not yet among them (best first), then
-    the batch as proposed; nothing lost or repeated."""
+    the batch as proposed; nothing lost or repeated.  A group's representative is its best candidate with tile
+    factors that divide their extents where it has one (`ragged`)."""
+    import math
     import random
 
     from hlotune.schedule_space.task import tasks_from_subgraphs
-    from hlotune.search.evolutionary import structure
+    from hlotune.search.evolutionary import ragged, structure
     from hlotune.search.space import TaskSpace
     from tests.null.test_search import TARGET
 
@@ -559,17 +561,26 @@ def test_first_part_tries_each_sketch_best(model):
     seeds = [s for s in cands if s.key in seed_keys]
     assert out[: len(seeds)] == seeds
 
-    def bests(group_of):
+    def uneven(s):   # independent of `ragged`: the tile holes' Split factors against the extents
+        sk = space.sketch_of(s)
+        return any(h.extent % math.prod(s.steps[h.step].factors) for h in sk.tiles)
+
+    def bests(group_of, even_first=True):
         best = {}
         for s in ev.pool:
             if s.key not in seed_keys:
                 v, g = ev.pool_score[s.key], group_of(s)
-                if g not in best or (-v, s.key) < (-best[g][0], best[g][1]):
-                    best[g] = (v, s.key)
-        return best
+                t = (even_first and uneven(s), -v, s.key)
+                if g not in best or t < best[g][2]:
+                    best[g] = (v, s.key, t)
+        return {g: (v, k) for g, (v, k, _) in best.items()}
 
     by_sketch, by_structure = bests(lambda s: s.sketch), bests(structure)
     assert len(by_sketch) >= 2 and len(by_structure) > len(by_sketch)   # else the test shows nothing
+    top = bests(structure, even_first=False)   # some structure's best-scored is ragged: an even one stands for it
+    swapped = {top[g][1] for g in top if top[g] != by_structure[g]}
+    assert swapped and all(ragged(space.sketch_of(s), s) for s in ev.pool if s.key in swapped)
+    assert not any(ragged(space.sketch_of(s), s) for s in ev.pool if s.key in {k for _, k in by_structure.values()})
     head = out[len(seeds): len(seeds) + len(by_sketch)]
     assert {s.key for s in head} == {k for _, k in by_sketch.values()}
     assert [ev.pool_score[s.key] for s in head] == sorted((v for v, _ in by_sketch.values()), reverse=True)
