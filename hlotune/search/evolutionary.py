@@ -180,16 +180,9 @@ def _collect(pid: int, r: int, deadline: float) -> list | None:
 
 
 def ragged(sketch, schedule: Schedule) -> bool:
-    """Whether some tile hole of `sketch` (None: none) has factors in `schedule` whose product does not divide the
-    hole's extent (a guarded tail)."""
-    if sketch is None:
-        return False
-    for h in sketch.tiles:
-        st = schedule.steps[h.step] if h.step < len(schedule.steps) else None
-        f = getattr(st, "factors", None)
-        if f and all(isinstance(x, int) for x in f) and h.extent % math.prod(f):
-            return True
-    return False
+    """Whether some tile hole of `sketch` (a schedule's own sketch; None: none) has factors in `schedule` whose
+    product does not divide the hole's extent (a guarded tail).  GPU sketches have no tile holes."""
+    return sketch is not None and any(h.extent % math.prod(schedule.steps[h.step].factors) for h in sketch.tiles)
 
 
 def structure(s: Schedule) -> tuple:

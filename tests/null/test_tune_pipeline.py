@@ -545,6 +545,7 @@ def test_first_part_tries_each_sketch_best(model):
     import math
     import random
 
+    from hlotune.schedule_space.annotate import decisions_of
     from hlotune.schedule_space.task import tasks_from_subgraphs
     from hlotune.search.evolutionary import ragged, structure
     from hlotune.search.space import TaskSpace
@@ -561,9 +562,11 @@ def test_first_part_tries_each_sketch_best(model):
     seeds = [s for s in cands if s.key in seed_keys]
     assert out[: len(seeds)] == seeds
 
-    def uneven(s):   # independent of `ragged`: the tile holes' Split factors against the extents
+    def uneven(s):   # independent of `ragged`: the decoded tile decisions against the holes' extents
         sk = space.sketch_of(s)
-        return any(h.extent % math.prod(s.steps[h.step].factors) for h in sk.tiles)
+        return any(h.extent % math.prod(f) for h, f in zip(sk.tiles, decisions_of(sk, s).tiles))
+
+    assert all(ragged(space.sketch_of(s), s) == uneven(s) for s in ev.pool)
 
     def bests(group_of, even_first=True):
         best = {}
@@ -577,12 +580,8 @@ def test_first_part_tries_each_sketch_best(model):
 
     by_sketch, by_structure = bests(lambda s: s.sketch), bests(structure)
     assert len(by_sketch) >= 2 and len(by_structure) > len(by_sketch)   # else the test shows nothing
-    top = bests(structure, even_first=False)   # some structure's best-scored is ragged: an even one stands for it
-    swapped = {top[g][1] for g in top if top[g] != by_structure[g]}
-    assert swapped and all(ragged(space.sketch_of(s), s) for s in ev.pool if s.key in swapped)
-    even = {structure(s) for s in ev.pool if s.key not in seed_keys and not uneven(s)}
-    assert all(not ragged(space.sketch_of(s), s) for s in ev.pool
-               if s.key in {k for g, (_, k) in by_structure.items() if g in even})   # ragged only with no choice
+    top = bests(structure, even_first=False)   # some structure's best-scored is ragged: else the rule shows nothing
+    assert any(top[g] != by_structure[g] for g in top)
     head = out[len(seeds): len(seeds) + len(by_sketch)]
     assert {s.key for s in head} == {k for _, k in by_sketch.values()}
     assert [ev.pool_score[s.key] for s in head] == sorted((v for v, _ in by_sketch.values()), reverse=True)
