@@ -60,7 +60,7 @@ import numpy as np
 
 from .. import config
 from ..schedule_space.loop_ir import ForKind
-from ..schedule_space.mutate import ladder_moves, mutate_pack, outward_moves, unroll_moves
+from ..schedule_space.mutate import _decode, ladder_moves, mutate_pack, outward_moves, unroll_moves
 from ..schedule_space.steps import Annotate, Pack, Schedule
 from .space import TaskSpace, crossover, mutate, sample_random  # per sketch kind (CPU / GPU)
 
@@ -180,9 +180,11 @@ def _collect(pid: int, r: int, deadline: float) -> list | None:
 
 
 def ragged(sketch, schedule: Schedule) -> bool:
-    """Whether some tile hole of `sketch` (a schedule's own sketch; None: none) has factors in `schedule` whose
-    product does not divide the hole's extent (a guarded tail).  GPU sketches have no tile holes."""
-    return sketch is not None and any(h.extent % math.prod(schedule.steps[h.step].factors) for h in sketch.tiles)
+    """Whether some tile hole of `sketch` (None: none) has factors in `schedule` whose product does not divide the
+    hole's extent (a guarded tail); False for a schedule that does not follow the sketch (`_decode`: a database
+    record of another version) and for GPU sketches (no tile holes)."""
+    d = _decode(sketch, schedule) if sketch is not None and sketch.tiles else None
+    return d is not None and any(h.extent % math.prod(f) for h, f in zip(sketch.tiles, d.tiles))
 
 
 def structure(s: Schedule) -> tuple:

@@ -545,7 +545,6 @@ def test_first_part_tries_each_sketch_best(model):
     import math
     import random
 
-    from hlotune.schedule_space.annotate import decisions_of
     from hlotune.schedule_space.task import tasks_from_subgraphs
     from hlotune.search.evolutionary import ragged, structure
     from hlotune.search.space import TaskSpace
@@ -562,9 +561,9 @@ def test_first_part_tries_each_sketch_best(model):
     seeds = [s for s in cands if s.key in seed_keys]
     assert out[: len(seeds)] == seeds
 
-    def uneven(s):   # independent of `ragged`: the decoded tile decisions against the holes' extents
+    def uneven(s):   # independent of `ragged` (which decodes the decisions): the holes' Split steps themselves
         sk = space.sketch_of(s)
-        return any(h.extent % math.prod(f) for h, f in zip(sk.tiles, decisions_of(sk, s).tiles))
+        return any(h.extent % math.prod(s.steps[h.step].factors) for h in sk.tiles)
 
     assert all(ragged(space.sketch_of(s), s) == uneven(s) for s in ev.pool)
 
