@@ -82,6 +82,10 @@ SETTINGS: tuple[Setting, ...] = (
             "CPU (x86): in a kernel without local buffers, contiguous vector stores to a kernel argument of at least "
             "this many bytes that the kernel never reads are non-temporal (they bypass the caches: no read for "
             "ownership; 0: off); relu_chain (40 MB in, 40 MB out) ran 1.72 -> 1.24 ms with them"),
+    Setting("loop_partition", _bool, True,
+            "CPU: split a loop whose body tests a tile's tail guard into a steady part without the guard and a "
+            "tail with it (hlotune/codegen/partition.py); a 133-row packed GEMM block of 256 rows ran 1.7x slower "
+            "than a 128-row one with the guard in its register tile"),
     Setting("build_max_ir_lines", int, 30000,
             "a tuning candidate whose LLVM IR is longer than this is not built (a compile error; 0: no limit): "
             "such over-unrolled code took 6-13 s to build and was never within 10 % of its task's best"),

@@ -52,7 +52,7 @@ from . import cpu_runtime
 from .llvm_emit import emit_module
 
 CACHE_SIZE = 512
-_CACHE: OrderedDict[tuple[str, str, int], CpuKernel] = OrderedDict()
+_CACHE: OrderedDict[tuple[str, str, int, int, bool], CpuKernel] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _TM: dict[str, llvm.TargetMachine] = {}
 _INIT = False
@@ -256,7 +256,8 @@ def build_cpu(func: LoopFunc, target: Target | None = None, *, context: str | No
     function and `context`, e.g. the stage/step being built) when code generation or LLVM fails."""
     t = target or Target.host_cpu()
     level = int(config.get("opt_level")) if opt_level is None else opt_level
-    key = (func.key, t.fingerprint + "|" + t.llvm_features, level, int(config.get("nontemporal_store_bytes")))
+    key = (func.key, t.fingerprint + "|" + t.llvm_features, level, int(config.get("nontemporal_store_bytes")),
+           bool(config.get("loop_partition")))
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:

@@ -60,6 +60,7 @@ from ..ir.expr import INDEX, Binary, Cast, Compare, Const, Expr, Load, Select, U
 from ..ir.hlo import DType, Op
 from ..schedule_space.loop_ir import Allocate, Barrier, For, ForKind, If, LoopFunc, Seq, Stmt, Store, walk_stmts
 from .cpu_runtime import LAUNCH_NAME, TASK_PTR, is_x86
+from .partition import partition_tails
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
@@ -1214,6 +1215,8 @@ def emit_module(func: LoopFunc, triple: str, parallel: bool = True,
     `nontemporal_bytes`: see the module docstring (None: config `nontemporal_store_bytes`)."""
     if nontemporal_bytes is None:
         nontemporal_bytes = int(config.get("nontemporal_store_bytes"))
+    if config.get("loop_partition"):
+        func = partition_tails(func)
     me = ModuleEmitter(func, triple, parallel, nontemporal_bytes)
     params = func.params
     fn = _new_function(me.module, me.name, [PTR] * len(params), internal=False)
