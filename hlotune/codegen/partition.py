@@ -4,7 +4,9 @@ Map:
   partition_tails(func)         LoopFunc -> LoopFunc (pure); the CPU code generator calls it when the setting
                                 `loop_partition` is on
   _Conjunct                     one conjunct of an If's condition read as `k * v + rest < 0`, linear in a loop var
-  _breaks(loop, conjuncts)      where each conjunct turns from always true to mixed to always false
+  _breaks(g, lo, hi)            the cut points of one conjunct in a loop's range: where it stops being always true
+                                and where it becomes always false
+  _partition(loop, ranges)      the loop split at the cuts of its guards, when the rules below allow
   _specialize(stmt, ranges)     the statement with every guard conjunct decided by the ranges dropped (true) or its
                                 If removed (false); None when nothing is left
 
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..ir.expr import INDEX, Binary, Compare, Const, Expr, Load, Var, walk
+from ..ir.expr import INDEX, Binary, Compare, Const, Expr, Load, Var, substitute, walk
 from ..ir.hlo import DType, Op
 from ..schedule_space.loop_ir import Allocate, For, ForKind, If, LoopFunc, Seq, Stmt, Store, walk_stmts
 from ..schedule_space.simplify import Ranges, bounds, ic, lin_bounds, linear, simplify
@@ -263,7 +265,7 @@ def _substitute(s: Stmt, v: str, value: int) -> Stmt:
     m = {v: ic(value)}
 
     def ex(e: Expr) -> Expr:
-        return simplify(_subst_expr(e, m))
+        return simplify(substitute(e, m))
 
     if isinstance(s, For):
         return replace(s, min=ex(s.min), extent=ex(s.extent), body=_substitute(s.body, v, value))
@@ -277,11 +279,6 @@ def _substitute(s: Stmt, v: str, value: int) -> Stmt:
     if isinstance(s, Store):
         return Store(s.buffer, tuple(ex(i) for i in s.indices), ex(s.value))
     return s
-
-
-def _subst_expr(e: Expr, m: dict[str, Expr]) -> Expr:
-    from ..ir.expr import substitute
-    return substitute(e, m)
 
 
 __all__ = ["partition_tails", "MAX_BODY", "MAX_PIECES"]

@@ -24,7 +24,17 @@ from hlotune.ir.expr import INDEX, Binary, Cast, Compare, Const, Var, walk
 from hlotune.ir.hlo import DType, Op
 from hlotune.schedule_space.annotate import sample_schedules
 from hlotune.schedule_space.loop_eval import evaluate_loop_func
-from hlotune.schedule_space.loop_ir import BufferDecl, For, ForKind, If, LoopFunc, Seq, Store, walk_stmts
+from hlotune.schedule_space.loop_ir import (
+    BufferDecl,
+    For,
+    ForKind,
+    If,
+    LoopFunc,
+    Seq,
+    Store,
+    stmt_children,
+    walk_stmts,
+)
 from hlotune.schedule_space.lower import lower
 from hlotune.schedule_space.mutate import _decode, _replaying
 from hlotune.schedule_space.simplify import ic
@@ -111,16 +121,14 @@ def _hot_guards(f: LoopFunc) -> int:
             pos = [i for i, x in enumerate(loops) if x.var.name in names]
             count += bool(pos) and any(x.var.name not in names for x in loops[min(pos) + 1:])
         inner = loops + [s] if isinstance(s, For) else loops
-        for c in (s.body if isinstance(s, Seq) else
-                  (s.then,) + (() if s.otherwise is None else (s.otherwise,)) if isinstance(s, If) else
-                  (s.body,) if hasattr(s, "body") else ()):
+        for c in stmt_children(s):
             visit(c, inner)
 
     visit(f.body, [])
     return count
 
 
-def _loop_order_count(f: LoopFunc) -> int:
+def _loops(f: LoopFunc) -> int:
     return sum(isinstance(s, For) for s in walk_stmts(f.body))
 
 
@@ -162,15 +170,15 @@ def _panel_case():
     s = sample_schedules(sk, task, 0, 1)[0]
     d = _decode(sk, s)
     (ragged,) = _replaying(sk, s, [replace(d, tiles=((133,), (98,)))])
-    return sg, cd, ragged
+    return cd, ragged
 
 
 def test_ragged_gemm_block_loses_its_guard_in_the_reduction_loop(monkeypatch):
-    sg, cd, sched = _panel_case()
+    cd, sched = _panel_case()
     f = lower(cd, sched)
     g = partition_tails(f)
     assert _hot_guards(f) >= 1 and _hot_guards(g) == 0, g
-    assert _loop_order_count(g) <= 2 * _loop_order_count(f)          # the split copies the small tile nest only
+    assert _loops(g) <= 2 * _loops(f)          # the split copies the small tile nest only
     rng = np.random.default_rng(1)
     ins = [rng.standard_normal(b.shape).astype(b.dtype.np) for b in cd.inputs]
     x, w, b = ins
@@ -183,7 +191,7 @@ def test_ragged_gemm_block_loses_its_guard_in_the_reduction_loop(monkeypatch):
 
 def test_the_setting_turns_the_pass_off(monkeypatch):
     from hlotune.codegen.llvm_emit import emit_module
-    _, cd, sched = _panel_case()
+    cd, sched = _panel_case()
     f = lower(cd, sched)
     texts = []
     for on in ("0", "1"):
