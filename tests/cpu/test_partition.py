@@ -24,17 +24,7 @@ from hlotune.ir.expr import INDEX, Binary, Cast, Compare, Const, Var, walk
 from hlotune.ir.hlo import DType, Op
 from hlotune.schedule_space.annotate import sample_schedules
 from hlotune.schedule_space.loop_eval import evaluate_loop_func
-from hlotune.schedule_space.loop_ir import (
-    BufferDecl,
-    For,
-    ForKind,
-    If,
-    LoopFunc,
-    Seq,
-    Store,
-    stmt_children,
-    walk_stmts,
-)
+from hlotune.schedule_space.loop_ir import BufferDecl, For, ForKind, If, LoopFunc, Seq, Store, stmt_children, walk_stmts
 from hlotune.schedule_space.lower import lower
 from hlotune.schedule_space.mutate import _decode, _replaying
 from hlotune.schedule_space.simplify import ic
