@@ -1,7 +1,8 @@
 """Loop IR -> LLVM IR (llvmlite.ir) for the CPU.
 
 Map:
-  emit_module(func, triple, ...)  LoopFunc -> (llvmlite ir.Module, entry name, has_parallel)
+  emit_module(func, triple, ...)  LoopFunc -> (llvmlite ir.Module, entry name, has_parallel); guarded tails are
+                                  split off their loops first (`partition.partition_tails`, setting `loop_partition`)
   FuncEmitter                     one LLVM function: statements (For/Seq/Store/Allocate/If) and
                                   expressions, in scalar mode or in vector mode (inside a VECTORIZED loop)
   nontemporal_buffers()           the kernel arguments whose vector stores are non-temporal
