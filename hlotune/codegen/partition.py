@@ -207,13 +207,9 @@ def _partition(loop: For, ranges: Ranges) -> Stmt | None:
 
 
 def _decide(c: Expr, ranges: Ranges) -> bool | None:
-    e = _as_negative(c)
-    if e is None:
-        return None
-    b = lin_bounds(linear(e), ranges)
-    if b is None:
-        return None
-    return True if b[1] < 0 else (False if b[0] >= 0 else None)
+    """The truth of conjunct `c` over the ranges, where `simplify` (which folds a decided comparison) finds one."""
+    d = simplify(c, ranges)
+    return bool(d.value) if isinstance(d, Const) else None
 
 
 def _specialize(s: Stmt, ranges: Ranges) -> Stmt | None:
