@@ -434,7 +434,10 @@ class EvolutionarySearch:
         suit this task before the rest is ranked again.  A group's representative is its best candidate whose
         tile factors divide their extents (`ragged`), where it has one: a guarded tail can cost far more than the
         model knows (dense_relu's packed-GEMM sketch with a 133-row block: 1.7x slower than with 128, held out
-        the model's first pick; the sketch was then left out until trial ~180, session 43)."""
+        the model's first pick; the sketch was then left out until trial ~180, session 43).  Since session 44 the
+        code generator splits such tails off (`codegen.partition`: that block now runs as fast as 128 rows), so
+        this rule guards against what remains (tails the pass leaves, e.g. cold or too large); it has not been
+        measured against its absence with the pass on."""
         seeds = {s.key for s in self.space.seeds}
         by_sketch: dict[str, tuple[bool, float, str, Schedule]] = {}
         by_structure: dict[tuple, tuple[bool, float, str, Schedule]] = {}

@@ -137,15 +137,17 @@ def test_sampled_schedules_keep_their_meaning(model, monkeypatch):
                 if g is f:
                     continue
                 changed += 1
-                assert _same(evaluate_loop_func(f, ins), evaluate_loop_func(g, ins)), f"{model}/{sg.name}\n{s}"
+                ref = evaluate_loop_func(f, ins)
+                assert _same(ref, evaluate_loop_func(g, ins)), f"{model}/{sg.name}\n{s}"
                 outs = []
                 for on in ("0", "1"):
                     monkeypatch.setenv("HLOTUNE_LOOP_PARTITION", on)
                     o = [np.zeros(b.shape, b.dtype.np) for b in f.outputs]
                     build_cpu(f, TARGET)(*ins, *o)
                     outs.append(o)
-                for x, y in zip(*outs):
+                for x, y, want in zip(*outs, ref):   # on against off; the compiled split nest against the interpreter
                     np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-5, err_msg=f"{model}/{sg.name}\n{s}")
+                    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4, err_msg=f"{model}/{sg.name}\n{s}")
     assert changed >= 1
 
 
