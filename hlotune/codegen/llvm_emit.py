@@ -868,7 +868,51 @@ class FuncEmitter:
             if not spec:
                 return self._from_memory(buf.dtype, self.b.load(self._gep(buf, off), typ=vt, align=align))
             return self._from_memory(buf.dtype, self._guarded_vector_load(buf, e, off, vt))
+        clamped = None if spec or c is not None else self._clamped_run(buf, e, var, n)
+        if clamped is not None:
+            return self._from_memory(buf.dtype, self._clamped_vector_load(buf, e, *clamped))
         return self._from_memory(buf.dtype, self._gather(buf, e.indices, n))
+
+    def _clamped_run(self, buf: _Buf, e: Load, var: str, n: int) -> tuple[tuple[Expr, ...], int] | None:
+        """A load whose last index is `minimum(x, C)` with x of stride 1 in the vector loop (a padded copy's
+        clamped read, `state._pack`): (the indices with x unclamped, C); None for any other form."""
+        last = e.indices[-1] if e.indices else None
+        if not (isinstance(last, Binary) and last.op is Op.MINIMUM and isinstance(last.b, Const)):
+            return None
+        free = e.indices[:-1] + (last.a,)
+        if (lin_coeff(last.a, var, n, self.consts, self.vec_base) != 1
+                or _access_coeff(free, buf.shape, var, n, self.consts, self.vec_base) != 1):
+            return None
+        return free, int(last.b.value)
+
+    def _clamped_vector_load(self, buf: _Buf, e: Load, free: tuple[Expr, ...], cap: int) -> ir.Value:
+        """One vector load where the clamp does not bite on any lane (x of lane 0 + lanes - 1 <= C), the lanes
+        one by one where it does."""
+        b = self.b
+        n = self.vec[1]
+        vt = ir.VectorType(store_type(buf.dtype), n)
+        with self._scalar_mode():
+            x0 = self.index(free[-1])
+        ok = b.icmp_signed("<=", x0, ir.Constant(I64, cap - n + 1))
+        fast = b.append_basic_block("vclamp.in")
+        slow = b.append_basic_block("vclamp.edge")
+        join = b.append_basic_block("vclamp.join")
+        b.cbranch(ok, fast, slow)
+        b.position_at_end(fast)
+        v1 = b.load(self._gep(buf, self._scalar_offset(buf, free)), typ=vt, align=elem_bytes(buf.dtype))
+        b.branch(join)
+        b.position_at_end(slow)
+        saved = self.memo
+        self.memo = {}
+        v2 = self._gather(buf, e.indices, n)
+        self.memo = saved
+        slow_end = b.block
+        b.branch(join)
+        b.position_at_end(join)
+        phi = b.phi(vt)
+        phi.add_incoming(v1, fast)
+        phi.add_incoming(v2, slow_end)
+        return phi
 
     def _gather(self, buf: _Buf, indices: tuple[Expr, ...], n: int) -> ir.Value:
         sty = store_type(buf.dtype)

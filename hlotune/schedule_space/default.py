@@ -40,7 +40,7 @@ from ..ir.expr import Binary, ComputeDef, Load, Select, Stage, Var, walk
 from ..ir.hlo import Op
 from ..target import Target
 from .loop_ir import ForKind
-from .steps import Annotate, CacheWrite, ComputeAt, Fuse, Pack, Reorder, RFactor, Split, Step
+from .steps import Annotate, CacheWrite, ComputeAt, Fuse, Pack, Pad, Reorder, RFactor, Split, Step
 
 #: a stage with fewer scalar operations than this runs on one thread
 PARALLEL_MIN_WORK = 1 << 16
@@ -54,6 +54,10 @@ SMALL_N_ROWS = 16
 #: GEMM blocking: most micro-tile rows, cache tile rows and columns (see `_gemm_plan`)
 MAX_MR = 8
 MAX_MR_PADDED = 4   # rows whose A loads are masked (padded convolutions): measured faster with fewer
+#: a dot whose output columns take no full micro-tile width (2 vectors: 509, 500 or 1000 columns with 16 lanes)
+#: computes them padded to a multiple of it (`steps.Pad`, out of a padded packed B) when that adds at most this
+#: fraction of columns
+PAD_MAX_WASTE = 1 / 8
 TILE_M = 64
 TILE_N = 64
 #: vector accumulators of a full reduction (hide the latency of the adds)
@@ -328,8 +332,31 @@ def _is_dot_like(stage: Stage) -> bool:
 
 
 def _is_tiled_reduction(stage: Stage, lanes: int) -> bool:
-    """A dot-like reduction (`_is_dot_like`) whose last space axis is at least a vector wide."""
-    return _is_dot_like(stage) and bool(_vector_width(stage.axes[-1].extent, lanes))
+    """A dot-like reduction (`_is_dot_like`) whose last space axis takes a vector, or is padded to take two."""
+    return _is_dot_like(stage) and bool(_gemm_width(stage, lanes)[0])
+
+
+def _gemm_width(stage: Stage, lanes: int) -> tuple[int, int, int]:
+    """(vl, nvec, jp) of a dot-like stage's micro-tile columns: vector lanes (0: none fits), vectors per row, and
+    the padded extent of its last space axis (0: not padded).  Padded to a multiple of two full vectors when no
+    such width divides the axis, padding adds at most PAD_MAX_WASTE, and B can be packed (the padded columns read
+    a padded copy of B: `_padding_ok`)."""
+    J = stage.axes[-1].extent
+    vl = _vector_width(J, lanes)
+    nvec = 2 if vl and J % (2 * vl) == 0 else 1
+    full = 2 * lanes
+    if lanes >= 4 and vl * nvec < full and J >= full and _padding_ok(stage):
+        jp = -(-J // full) * full
+        if jp - J <= J * PAD_MAX_WASTE:
+            return lanes, 2, jp
+    return vl, nvec, 0
+
+
+def _padding_ok(stage: Stage) -> bool:
+    """The dot's B operand is contiguous along the columns and reused by enough rows to be packed (`_gemm`)."""
+    b = _b_operand(stage)
+    return (b is not None and b[0].buffer != stage.name and b[1] == len(b[0].indices) - 1
+            and _reuse_rows(stage, b[0]) >= PACK_MIN_ROWS)
 
 
 def _fusable_producer(cd: ComputeDef, stage: Stage, consumers: dict[str, list[str]]) -> Stage | None:
@@ -479,6 +506,7 @@ class _Gemm:
     tn: int        # columns of the cache tile
     kc: int        # block of the last reduce axis (0: not blocked)
     panel: int = 0  # columns of B one parallel task packs and owns (the column-panel plan; 0: not used)
+    jp: int = 0    # the columns padded to this extent (`_gemm_width`; 0: not padded)
 
     @property
     def nr(self) -> int:
@@ -493,16 +521,16 @@ def _gemm_plan(red_stage: Stage, target: Target, lanes: int) -> _Gemm | None:
     if len(red_stage.axes) < 2 or not red_stage.reduce_axes:
         return None
     *_, ax_i, ax_j = red_stage.axes
-    I, J = ax_i.extent, ax_j.extent
-    vl = _vector_width(J, lanes)
+    I = ax_i.extent
+    vl, nvec, jp = _gemm_width(red_stage, lanes)
     if not vl:
         return None
-    nvec = 2 if J % (2 * vl) == 0 else 1
+    J = jp or ax_j.extent
     regs = 32 if target.vector_bits >= 512 else 16
     padded = any(isinstance(e, Select) for e in walk(red_stage.body))   # conv with padding: masked A loads
-    mr = _divisor_at_most(I, min(MAX_MR_PADDED if padded else MAX_MR, (regs - nvec - 2) // nvec))
+    mr = _rows_tile(I, min(MAX_MR_PADDED if padded else MAX_MR, (regs - nvec - 2) // nvec))
     nr = vl * nvec
-    tm = mr * _divisor_at_most(I // mr, max(1, TILE_M // mr))
+    tm = mr * (_divisor_at_most(I // mr, max(1, TILE_M // mr)) if I % mr == 0 else max(1, min(TILE_M // mr, I // mr)))
     tn = nr * _divisor_at_most(J // nr, max(1, TILE_N // nr))
     K = _inner_reduce(red_stage).extent
     l1 = target.l1d_bytes or 32 * 1024
@@ -510,10 +538,20 @@ def _gemm_plan(red_stage: Stage, target: Target, lanes: int) -> _Gemm | None:
     kc = _divisor_at_most(K, cap) if K > cap else 0
     if kc and kc < 16:
         kc = 0
-    return _Gemm(vl, nvec, mr, tm, tn, kc, _panel_width(red_stage, target, nr, K))
+    return _Gemm(vl, nvec, mr, tm, tn, kc, _panel_width(red_stage, target, nr, K, J), jp)
 
 
-def _panel_width(red_stage: Stage, target: Target, nr: int, K: int) -> int:
+def _rows_tile(I: int, cap: int) -> int:
+    """Micro-tile rows: the largest divisor of I of at most `cap`, or `cap` itself when that divisor is less than
+    half of it and I is at least 4 cap (a prime 251 rows: 8, not 1; the recomputed rows stay under a quarter).
+    A non-dividing row tile costs no guard in the micro-kernel: the reduction is computed at a tile of its consumer
+    whose region keeps its extent and is shifted inwards at the end of the axis (see `lower`), so the last tile
+    recomputes a few rows; the consumer's own tail guard is split off by the code generator (`codegen.partition`)."""
+    d = _divisor_at_most(I, cap)
+    return cap if d < cap // 2 and I >= 4 * cap else d
+
+
+def _panel_width(red_stage: Stage, target: Target, nr: int, K: int, J: int) -> int:
     """Columns per parallel task of the column-panel plan: the widest multiple (2 or more) of nr dividing the last
     space axis, at most PANEL_N, whose packed B panel (K x width floats) fits PANEL_BYTES, that still gives every core
     PANEL_TASKS_PER_CORE tasks (tasks: panels times the batch axes); 0 when none does (too few columns for the
@@ -525,11 +563,10 @@ def _panel_width(red_stage: Stage, target: Target, nr: int, K: int) -> int:
     if b is None:
         return 0
     used = {x.name for i in b[0].indices for x in walk(i) if isinstance(x, Var)}
-    *batch, _, ax_j = red_stage.axes
+    *batch, _, _ = red_stage.axes
     if any(a.name not in used for a in batch):
         return 0    # B shared by a batch (x[b, m, k] @ w[k, n]): measured no faster than the tile plan
     per = math.prod(a.extent for a in batch)
-    J = ax_j.extent
     want = PANEL_TASKS_PER_CORE * max(1, target.cores)
     for d in range(min(J // nr, PANEL_N // nr), 1, -1):   # at least two nr-wide panels: A is reused
         w = nr * d
@@ -591,8 +628,8 @@ def _gemm(cd: ComputeDef, out: str, red: str, red_stage: Stage, target: Target, 
         return None
     load, p, q = b
     nr = plan.nr
-    packable = (load.buffer not in (red_stage.name, out) and _reuse_rows(red_stage, load) >= PACK_MIN_ROWS
-                and red_stage.axes[-1].extent % nr == 0)
+    packable = plan.jp > 0 or (load.buffer not in (red_stage.name, out) and red_stage.axes[-1].extent % nr == 0
+                               and _reuse_rows(red_stage, load) >= PACK_MIN_ROWS)
     if not packable and p != len(load.indices) - 1:
         return None                                   # B strided along j: the fallback vectorizes less
     *batch, ax_i, ax_j = red_stage.axes
@@ -607,6 +644,8 @@ def _gemm(cd: ComputeDef, out: str, red: str, red_stage: Stage, target: Target, 
         pk = _fresh_name(names, f"{load.buffer}.pack")
         steps += _pack_schedule(pk, load, p, q, rest.index(q), plan, _buffer_shape(cd, load.buffer)[q],
                                 not panel and _buffer_elems(cd, load.buffer) >= PARALLEL_MIN_WORK)
+    if plan.jp:
+        steps.append(Pad(red, red_stage.axes[-1].name, plan.jp))
     holes = holes and bool(panel)
     if panel:
         steps += _panel_tiles(out, red, pk, red_stage, load, plan, holes)

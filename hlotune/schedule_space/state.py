@@ -43,7 +43,7 @@ from ..ir.expr import (
 )
 from ..ir.hlo import DType, Op
 from .loop_ir import ForKind
-from .simplify import ic
+from .simplify import bounds, ic
 from .steps import (
     Annotate,
     CacheRead,
@@ -55,6 +55,7 @@ from .steps import (
     FollowSplit,
     Fuse,
     Pack,
+    Pad,
     Pragma,
     Reorder,
     RFactor,
@@ -684,9 +685,8 @@ def _pack(state: State, s: Pack) -> State:
             raise ScheduleError(f"pack of {s.stage}: {what} {v!r} must be an integer")
     if not 0 <= s.axis < nd:
         raise ScheduleError(f"pack of {s.stage}: axis {s.axis} out of range for rank {nd}")
-    if s.factor < 1 or shape[s.axis] % s.factor:
-        raise ScheduleError(f"pack of {s.stage}: factor {s.factor} does not divide dimension {s.axis} "
-                            f"(extent {shape[s.axis]})")
+    if s.factor < 1:
+        raise ScheduleError(f"pack of {s.stage}: factor {s.factor} must be at least 1")
     if not 0 <= s.outer_pos < nd:
         raise ScheduleError(f"pack of {s.stage}: outer_pos {s.outer_pos} not in [0, {nd - 1}]")
     if not s.readers:
@@ -699,7 +699,7 @@ def _pack(state: State, s: Pack) -> State:
     rest = [d for d in range(nd) if d != s.axis]
     dims = rest[:s.outer_pos] + [-1] + rest[s.outer_pos:]          # -1: the outer part of `axis`
     ext = {d: shape[d] for d in rest}
-    ext[-1] = shape[s.axis] // s.factor
+    ext[-1] = -(-shape[s.axis] // s.factor)
     axes = tuple(Axis(f"ax{k}", ext[d]) for k, d in enumerate(dims)) + (Axis(f"ax{len(dims)}", s.factor),)
     src = [None] * nd
     for a, d in zip(axes, dims):
@@ -707,6 +707,8 @@ def _pack(state: State, s: Pack) -> State:
             src[d] = a.var
     src[s.axis] = Binary(Op.ADD, Binary(Op.MULTIPLY, axes[dims.index(-1)].var, ic(s.factor), INDEX),
                          axes[-1].var, INDEX)
+    if shape[s.axis] % s.factor:      # padded: the last block repeats the last element
+        src[s.axis] = Binary(Op.MINIMUM, src[s.axis], ic(shape[s.axis] - 1), INDEX)
     op = Stage(name, axes, Load(s.stage, tuple(src), dtype), dtype)
 
     def repack(e: Expr) -> Expr:
@@ -723,6 +725,45 @@ def _pack(state: State, s: Pack) -> State:
         state = state.with_stage(_renew(rs, op=replace(rs.op, body=repack(rs.op.body))))
     first = min(state.by_name[r] for r in s.readers)
     return _insert(state, first, StageState(name, op, initial_iters(op)))
+
+
+def _pad(state: State, s: Pad) -> State:
+    """Stage `s.stage` with space axis `s.iter` extended to `s.extent`; its loads clamped into their buffers."""
+    st = state.stage(s.stage)
+    if not isinstance(s.extent, int) or isinstance(s.extent, bool):
+        raise ScheduleError(f"pad of {s.stage}: extent {s.extent!r} must be an integer")
+    if s.stage in state.outputs:
+        raise ScheduleError(f"pad of {s.stage}: an output of the computation (its padding would be written)")
+    if st.attach.kind == "inline":
+        raise ScheduleError(f"pad of inlined stage {s.stage}")
+    axis = next((a for a in st.op.axes if a.name == s.iter), None)
+    if axis is None:
+        raise ScheduleError(f"pad of {s.stage}: no space axis {s.iter!r} "
+                            f"(has {', '.join(a.name for a in st.op.axes)})")
+    if any(s.iter in (r.parents if isinstance(r, FuseRel) else (r.parent,)) for r in st.relations):
+        raise ScheduleError(f"pad of {s.stage}: axis {s.iter} is already split or fused")
+    if s.extent < axis.extent:
+        raise ScheduleError(f"pad of {s.stage}: extent {s.extent} is less than axis {s.iter}'s {axis.extent}")
+    axes = tuple(Axis(a.name, s.extent) if a.name == s.iter else a for a in st.op.axes)
+    ranges = {a.name: (0, a.extent - 1) for a in axes + st.op.reduce_axes}
+
+    def clamp(e: Expr) -> Expr:
+        if not isinstance(e, Load):
+            return _map_exprs(e, clamp)
+        shape, _ = _buffer_info(state, e.buffer)
+        idx = []
+        for i, n in zip((clamp(x) for x in e.indices), shape):
+            b = bounds(i, ranges)
+            if b is None or b[0] < 0:
+                i = Binary(Op.MAXIMUM, i, ic(0), INDEX)
+            if b is None or b[1] > n - 1:
+                i = Binary(Op.MINIMUM, i, ic(n - 1), INDEX)
+            idx.append(i)
+        return Load(e.buffer, tuple(idx), e.dtype)
+
+    op = replace(st.op, axes=axes, body=clamp(st.op.body))
+    iters = tuple(_renew(it, extent=s.extent) if it.name == s.iter else it for it in st.iters)
+    return state.with_stage(_renew(st, op=op, iters=iters))
 
 
 def _map_exprs(e: Expr, fn) -> Expr:
@@ -789,7 +830,7 @@ _APPLY = {
     Split: _split, FollowSplit: _follow_split, FollowFusedSplit: _follow_fused_split, Reorder: _reorder,
     Fuse: _fuse, ComputeAt: _compute_at, ComputeInline: _compute_inline, ComputeRoot: _compute_root,
     CacheRead: _cache_read, CacheWrite: _cache_write, RFactor: _rfactor, Annotate: _annotate,
-    Pragma: _pragma, StorageAlign: _storage_align, Pack: _pack,
+    Pragma: _pragma, StorageAlign: _storage_align, Pack: _pack, Pad: _pad,
 }
 
 

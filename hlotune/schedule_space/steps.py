@@ -2,7 +2,7 @@
 
 Map:
   Step kinds     Split FollowSplit FollowFusedSplit Reorder Fuse ComputeAt ComputeInline ComputeRoot
-                 CacheRead CacheWrite RFactor Annotate Pragma StorageAlign Pack (frozen dataclasses)
+                 CacheRead CacheWrite RFactor Annotate Pragma StorageAlign Pack Pad (frozen dataclasses)
   STEP_KINDS     JSON tag -> class
   step_to_json / step_from_json        one step <-> a JSON-able dict {"step": tag, fields...}
   step_str / parse_step                one step <-> one readable line: `split stage="C" iter="i" factors=[8,4]`
@@ -182,7 +182,8 @@ class StorageAlign(Step):
 @dataclass(frozen=True)
 class Pack(Step):
     """Add root stage `<stage>.pack`, a copy of buffer `stage` (an input or a stage) in a blocked layout:
-    dimension `axis` is split by `factor` (which must divide it); the outer part becomes dimension
+    dimension `axis` is split by `factor` (when it does not divide it, the copy has ceil(extent / factor) blocks,
+    the last padded with copies of the last element along `axis`); the outer part becomes dimension
     `outer_pos` among the other dimensions and the inner part the last dimension.  `readers` read the
     copy: `B[k, j]` becomes `B.pack[j / f, k, j % f]` for axis=1, outer_pos=0 (contiguous panels of
     `f` columns, GEMM's packed B).  E.g. f32[K, N] -> f32[N/f, K, f]; f32[b, N, K] with axis=1,
@@ -196,9 +197,24 @@ class Pack(Step):
     tag = "pack"
 
 
+@dataclass(frozen=True)
+class Pad(Step):
+    """Compute stage `stage` over a larger domain: its space axis `iter` (not yet split or fused) runs to `extent`
+    instead of its own extent, loads whose index could then pass their buffer's bounds are clamped into them.  The
+    extra elements are computed and never read (the stage's consumers read what they read before), so the stage
+    must not be an output.  What it is for: a dot whose output columns take no full vector (509) computes a
+    multiple of its micro-tile (512) out of a padded packed B (`Pack` with a non-dividing factor), with no tail
+    guard in its inner loops (MetaSchedule's PadEinsum does the same)."""
+
+    stage: str
+    iter: str
+    extent: int
+    tag = "pad"
+
+
 STEP_KINDS: dict[str, type] = {c.tag: c for c in (
     Split, FollowSplit, FollowFusedSplit, Reorder, Fuse, ComputeAt, ComputeInline, ComputeRoot,
-    CacheRead, CacheWrite, RFactor, Annotate, Pragma, StorageAlign, Pack)}
+    CacheRead, CacheWrite, RFactor, Annotate, Pragma, StorageAlign, Pack, Pad)}
 
 
 def _jsonable(v):

@@ -21,6 +21,7 @@ from hlotune.schedule_space.steps import (
     FollowFusedSplit,
     FollowSplit,
     Fuse,
+    Pad,
     Pragma,
     Reorder,
     RFactor,
@@ -44,7 +45,7 @@ ALL_STEPS = [
     Reorder("C", ("i.0", "j.0", "k")), Fuse("C", ("i.0", "j.0")), ComputeAt("C", "D", "j.1"),
     ComputeInline("E"), ComputeRoot("E"), CacheRead("A", "shared", ("C", "D")), CacheWrite("C", "local"),
     RFactor("S", "k.1"), Annotate("C", "i.0@j.0", ForKind.PARALLEL), Annotate("C", "j", ForKind.THREAD_X),
-    Pragma("C", "i.0", "auto_unroll_max_step", 64), StorageAlign("A.shared", 0, 32, 1),
+    Pragma("C", "i.0", "auto_unroll_max_step", 64), Pad("C", "j", 16), StorageAlign("A.shared", 0, 32, 1),
 ]
 
 
