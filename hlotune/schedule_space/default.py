@@ -254,16 +254,21 @@ def gemm_sketch(cd: ComputeDef, target: Target | None = None) -> tuple[list[Step
     """The default schedule as a sketch template for the search when it has a column-panel GEMM
     (`sketch.generate_sketches`): its steps with the row tile of each such GEMM (Split of the output's row axis)
     and its k block (Split of the reduction's longest reduce axis) as holes, and per hole (step index, extent of
-    the split axis, largest factor: GEMM_MAX_ROWS or GEMM_MAX_KC); None when there is no such GEMM."""
+    the split axis, largest factor: GEMM_MAX_ROWS or GEMM_MAX_KC); None when there is no such GEMM.  Rows the
+    GEMM pads (`_Gemm.ip`) give the row hole the padded extent (tiles dividing it) and at most the real rows as
+    its largest factor (a larger tile would shrink to the rows in `lower`'s bound inference)."""
     target = target or Target.host_cpu()
     steps = default_schedule(cd, target, gemm_holes=True)
+    padded = {st.iter: st.extent for st in steps if isinstance(st, Pad)}
     holes = []
     for k, st in enumerate(steps):
         if isinstance(st, Split) and None in st.factors:
             src = next(s for s in cd.stages if st.stage == s.name or st.stage.startswith(s.name + ".local"))
             ax = next(a for a in src.axes + src.reduce_axes if a.name == st.iter)
-            reduce = any(a.name == st.iter for a in src.reduce_axes)
-            holes.append((k, ax.extent, GEMM_MAX_KC if reduce else GEMM_MAX_ROWS))
+            if any(a.name == st.iter for a in src.reduce_axes):
+                holes.append((k, ax.extent, GEMM_MAX_KC))
+            else:
+                holes.append((k, padded.get(st.iter, ax.extent), min(GEMM_MAX_ROWS, ax.extent)))
     return (steps, holes) if holes else None
 
 
@@ -507,6 +512,7 @@ class _Gemm:
     kc: int        # block of the last reduce axis (0: not blocked)
     panel: int = 0  # columns of B one parallel task packs and owns (the column-panel plan; 0: not used)
     jp: int = 0    # the columns padded to this extent (`_gemm_width`; 0: not padded)
+    ip: int = 0    # the rows padded to this extent, a multiple of mr (`_rows_tile`; 0: not padded)
 
     @property
     def nr(self) -> int:
@@ -530,7 +536,9 @@ def _gemm_plan(red_stage: Stage, target: Target, lanes: int) -> _Gemm | None:
     padded = any(isinstance(e, Select) for e in walk(red_stage.body))   # conv with padding: masked A loads
     mr = _rows_tile(I, min(MAX_MR_PADDED if padded else MAX_MR, (regs - nvec - 2) // nvec))
     nr = vl * nvec
-    tm = mr * (_divisor_at_most(I // mr, max(1, TILE_M // mr)) if I % mr == 0 else max(1, min(TILE_M // mr, I // mr)))
+    ip = -(-I // mr) * mr if I % mr else 0
+    # at most I rows per tile: a tile of the padded rows then keeps its extent in `lower`'s bound inference
+    tm = mr * _divisor_at_most((ip or I) // mr, max(1, min(TILE_M, I) // mr))
     tn = nr * _divisor_at_most(J // nr, max(1, TILE_N // nr))
     K = _inner_reduce(red_stage).extent
     l1 = target.l1d_bytes or 32 * 1024
@@ -538,17 +546,17 @@ def _gemm_plan(red_stage: Stage, target: Target, lanes: int) -> _Gemm | None:
     kc = _divisor_at_most(K, cap) if K > cap else 0
     if kc and kc < 16:
         kc = 0
-    return _Gemm(vl, nvec, mr, tm, tn, kc, _panel_width(red_stage, target, nr, K, J), jp)
+    return _Gemm(vl, nvec, mr, tm, tn, kc, _panel_width(red_stage, target, nr, K, J), jp, ip)
 
 
 def _rows_tile(I: int, cap: int) -> int:
     """Micro-tile rows: the largest divisor of I of at most `cap`, or `cap` itself when that divisor is less than
-    half of it and I is at least 4 cap (a prime 251 rows: 8, not 1; the recomputed rows stay under a quarter).
-    A non-dividing row tile costs no guard in the micro-kernel: the reduction is computed at a tile of its consumer
-    whose region keeps its extent and is shifted inwards at the end of the axis (see `lower`), so the last tile
-    recomputes a few rows; the consumer's own tail guard is split off by the code generator (`codegen.partition`)."""
+    half of it and I is at least 2 cap (a prime 251 rows: 8, not 1).  The reduction then runs over rows padded to
+    a multiple of it (`_Gemm.ip`, `steps.Pad`: its A loads clamped), so the micro-kernel has no tail guard and the
+    cache tiles divide the padded rows; the consumer's own tail guard is split off by the code generator
+    (`codegen.partition`)."""
     d = _divisor_at_most(I, cap)
-    return cap if d < cap // 2 and I >= 4 * cap else d
+    return cap if d < cap // 2 and I >= 2 * cap else d
 
 
 def _panel_width(red_stage: Stage, target: Target, nr: int, K: int, J: int) -> int:
@@ -646,6 +654,8 @@ def _gemm(cd: ComputeDef, out: str, red: str, red_stage: Stage, target: Target, 
                                 not panel and _buffer_elems(cd, load.buffer) >= PARALLEL_MIN_WORK)
     if plan.jp:
         steps.append(Pad(red, red_stage.axes[-1].name, plan.jp))
+    if plan.ip:
+        steps.append(Pad(red, red_stage.axes[-2].name, plan.ip))
     holes = holes and bool(panel)
     if panel:
         steps += _panel_tiles(out, red, pk, red_stage, load, plan, holes)
