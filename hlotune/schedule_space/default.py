@@ -54,10 +54,11 @@ SMALL_N_ROWS = 16
 #: GEMM blocking: most micro-tile rows, cache tile rows and columns (see `_gemm_plan`)
 MAX_MR = 8
 MAX_MR_PADDED = 4   # rows whose A loads are masked (padded convolutions): measured faster with fewer
-#: a dot whose output columns take no full micro-tile width (2 vectors: 509, 500 or 1000 columns with 16 lanes)
-#: computes them padded to a multiple of it (`steps.Pad`, out of a padded packed B) when that adds at most this
-#: fraction of columns
-PAD_MAX_WASTE = 1 / 8
+#: a dot whose output columns take no full micro-tile width (2 vectors: 509, 500, 1000 or 197 columns with 16
+#: lanes) computes them padded to a multiple of it (`steps.Pad`, out of a padded packed B) when the useful share of
+#: the padded columns is at least this many times the width of the micro-tile that divides them over the full
+#: width (197: 0.88 against 0, the dot-product form; 1000: 0.98 against 8 / 32; 48: 0.75 against 16 / 32, kept)
+PAD_GAIN = 2
 TILE_M = 64
 TILE_N = 64
 #: vector accumulators of a full reduction (hide the latency of the adds)
@@ -344,24 +345,38 @@ def _is_tiled_reduction(stage: Stage, lanes: int) -> bool:
 def _gemm_width(stage: Stage, lanes: int) -> tuple[int, int, int]:
     """(vl, nvec, jp) of a dot-like stage's micro-tile columns: vector lanes (0: none fits), vectors per row, and
     the padded extent of its last space axis (0: not padded).  Padded to a multiple of two full vectors when no
-    such width divides the axis, padding adds at most PAD_MAX_WASTE, and B can be packed (the padded columns read
-    a padded copy of B: `_padding_ok`)."""
+    such width divides the axis, padding pays (PAD_GAIN), and B can be packed (the padded columns read a padded
+    copy of B: `_padding_ok`); two full vectors, not padded, when B is read unpacked along the columns
+    (`_unpacked_contiguous`)."""
     J = stage.axes[-1].extent
     vl = _vector_width(J, lanes)
     nvec = 2 if vl and J % (2 * vl) == 0 else 1
     full = 2 * lanes
-    if lanes >= 4 and vl * nvec < full and J >= full and _padding_ok(stage):
+    if lanes < 4 or vl * nvec >= full or J < full:
+        return vl, nvec, 0
+    if _padding_ok(stage):
         jp = -(-J // full) * full
-        if jp - J <= J * PAD_MAX_WASTE:
+        if J * full >= PAD_GAIN * vl * nvec * jp:   # the useful share of the padded tile vs the narrower tile's
             return lanes, 2, jp
+    elif _unpacked_contiguous(stage):
+        return lanes, 2, 0
     return vl, nvec, 0
 
 
 def _padding_ok(stage: Stage) -> bool:
-    """The dot's B operand is contiguous along the columns and reused by enough rows to be packed (`_gemm`)."""
+    """The dot's B operand is reused by enough rows to be packed (`_gemm`), contiguous along the columns or along
+    the reduction (q @ k^T: the copy reads along k, `transposed_pack`)."""
+    b = _b_operand(stage)
+    return b is not None and b[0].buffer != stage.name and _reuse_rows(stage, b[0]) >= PACK_MIN_ROWS
+
+
+def _unpacked_contiguous(stage: Stage) -> bool:
+    """The dot's B operand is read unpacked (too few rows reuse it to pay for a copy: a GEMV or a few rows) and
+    contiguously along the columns: full-width column tiles that do not divide the columns need no padding then,
+    the last one is shifted inwards (`lower`: the reduction's region at a tile of its consumer keeps its extent)."""
     b = _b_operand(stage)
     return (b is not None and b[0].buffer != stage.name and b[1] == len(b[0].indices) - 1
-            and _reuse_rows(stage, b[0]) >= PACK_MIN_ROWS)
+            and _reuse_rows(stage, b[0]) < PACK_MIN_ROWS)
 
 
 def _fusable_producer(cd: ComputeDef, stage: Stage, consumers: dict[str, list[str]]) -> Stage | None:
