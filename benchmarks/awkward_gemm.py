@@ -1,10 +1,11 @@
 """Dense layers relu(x @ w + b) with awkward extents, default schedules, against numpy and JAX-jit in one run.
 
-    .venv/bin/python benchmarks/awkward_gemm.py [--shapes 251,784,509 ...] [--before-rev REV] [--rounds 5]
-        [--jax-python .venv-bench/bin/python] [--no-jax]
+    .venv/bin/python benchmarks/awkward_gemm.py [--shapes 251,784,509 1,4096,4096,t ...] [--before-rev REV]
+        [--rounds 5] [--jax-python .venv-bench/bin/python] [--no-jax]
 
 Shapes whose rows or columns have no good divisor (prime rows; columns that take no full two-vector micro-tile)
-beside one that divides (256x784x512).  Per shape: JAX-jit in its own process (`jax_dense_side.py`), numpy in this
+beside one that divides (256x784x512), single rows (batch-1 inference: a GEMV), and weights stored [N, K] (shape
+suffix `,t`: x @ w.T, PyTorch's layout).  Per shape: JAX-jit in its own process (`jax_dense_side.py`), numpy in this
 one, hlotune compiled with the working tree's default schedules ("after") and, with --before-rev, with
 `hlotune/schedule_space/default.py` at that revision ("before"; `gemm_check.load_before`); every output checked
 against numpy.  The sides are timed in --rounds interleaved rounds (`gemm_check.time_side`), best median kept.
@@ -31,17 +32,25 @@ from common import REPO, compare, measure_peaks, warm_malloc  # noqa: E402
 from gemm_check import load_before, time_side  # noqa: E402
 
 SHAPES = ("256,784,512", "251,784,509", "250,784,500", "255,784,511", "1000,1000,1000", "100,1024,1000",
-          "61,2048,997")
+          "61,2048,997", "1,4096,4096", "1,4096,4099", "8,4096,4099", "1,4096,4096,t", "8,4096,4099,t",
+          "4,1024,1000,t")
 
 
-def hlo(m: int, k: int, n: int) -> str:
-    """HLO text of relu(x @ w + b) as JAX lowers it (dot, broadcast bias, add, maximum with 0)."""
-    return f"""HloModule dense_{m}x{k}x{n}
+def parse_shape(s: str) -> tuple[int, int, int, bool]:
+    """'M,K,N' or 'M,K,N,t' (w stored [N, K])."""
+    parts = s.split(",")
+    return int(parts[0]), int(parts[1]), int(parts[2]), parts[3:] == ["t"]
 
-ENTRY %main (x: f32[{m},{k}], w: f32[{k},{n}], b: f32[{n}]) -> f32[{m},{n}] {{
+
+def hlo(m: int, k: int, n: int, t: bool = False) -> str:
+    """HLO text of relu(x @ w + b) (or x @ w.T with `t`) as JAX lowers it (dot, broadcast bias, add, max with 0)."""
+    w, rc = (f"f32[{n},{k}]", 1) if t else (f"f32[{k},{n}]", 0)
+    return f"""HloModule dense_{m}x{k}x{n}{'t' if t else ''}
+
+ENTRY %main (x: f32[{m},{k}], w: {w}, b: f32[{n}]) -> f32[{m},{n}] {{
   %x = f32[{m},{k}]{{1,0}} parameter(0)
-  %w = f32[{k},{n}]{{1,0}} parameter(1)
-  %d = f32[{m},{n}]{{1,0}} dot(%x, %w), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+  %w = {w}{{1,0}} parameter(1)
+  %d = f32[{m},{n}]{{1,0}} dot(%x, %w), lhs_contracting_dims={{1}}, rhs_contracting_dims={{{rc}}}
   %b = f32[{n}]{{0}} parameter(2)
   %bb = f32[{m},{n}]{{1,0}} broadcast(%b), dimensions={{1}}
   %a = f32[{m},{n}]{{1,0}} add(%d, %bb)
@@ -52,8 +61,8 @@ ENTRY %main (x: f32[{m},{k}], w: f32[{k},{n}], b: f32[{n}]) -> f32[{m},{n}] {{
 """
 
 
-def numpy_dense(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.maximum(x @ w + b, 0)
+def numpy_dense(x: np.ndarray, w: np.ndarray, b: np.ndarray, t: bool = False) -> np.ndarray:
+    return np.maximum(x @ (w.T if t else w) + b, 0)
 
 
 def jax_side(shapes: list[str], tmp: Path, python: str) -> dict[str, float]:
@@ -100,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="awkward-") as d:
         tmp = Path(d)
         for s in a.shapes:
-            m, k, n = map(int, s.split(","))
-            data[s] = (rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32),
+            m, k, n, t = parse_shape(s)
+            data[s] = (rng.standard_normal((m, k), dtype=np.float32),
+                       rng.standard_normal((n, k) if t else (k, n), dtype=np.float32),
                        rng.standard_normal(n, dtype=np.float32))
             np.savez(tmp / f"{s.replace(',', '_')}.npz", x=data[s][0], w=data[s][1], b=data[s][2])
         jax_s = {} if a.no_jax else jax_side(a.shapes, tmp, a.jax_python)
@@ -110,13 +120,13 @@ def main(argv: list[str] | None = None) -> int:
             "after/before | vs numpy | vs JAX | check |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in a.shapes:
-        m, k, n = map(int, s.split(","))
+        m, k, n, t = parse_shape(s)
         args = data[s]
         flops = 2.0 * m * k * n
-        ref = numpy_dense(*args)
-        sides = {"numpy": lambda args=args: numpy_dense(*args), "after": _compile(hlo(m, k, n))}
+        ref = numpy_dense(*args, t)
+        sides = {"numpy": lambda args=args, t=t: numpy_dense(*args, t), "after": _compile(hlo(m, k, n, t))}
         if before is not None:
-            sides["before"] = _compile(hlo(m, k, n), before)
+            sides["before"] = _compile(hlo(m, k, n, t), before)
         ok = []
         for name in ("after", "before"):
             if name in sides:
@@ -138,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         before_ratio = f"{ms['before'] / aft:.2f}x" if "before" in ms else "-"
         jax_ratio = "-" if jx is None else f"{jx * 1e3 / aft:.2f}x"
         lines.append(
-            f"| {m} x {k} x {n} | {jax_cell} | {ms['numpy']:.3f} | {before_cell} | "
+            f"| {m} x {k} x {n}{' (w as [N, K])' if t else ''} | {jax_cell} | {ms['numpy']:.3f} | {before_cell} | "
             f"{aft:.3f} ({flops / aft / 1e6:.0f} GFLOP/s) | {flops / aft / 1e6 / peak:.0%} | {before_ratio} | "
             f"{ms['numpy'] / aft:.2f}x | {jax_ratio} | {' '.join(ok)} |")
         print(lines[-1], flush=True)

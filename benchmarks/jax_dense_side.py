@@ -1,9 +1,10 @@
 """JAX-jit baseline for dense layers relu(x @ w + b) of given shapes; runs inside the side venv `.venv-bench`.
 
-    .venv-bench/bin/python benchmarks/jax_dense_side.py M,K,N [M,K,N ...] --inputs DIR
+    .venv-bench/bin/python benchmarks/jax_dense_side.py M,K,N[,t] [M,K,N[,t] ...] --inputs DIR
 
-Reads DIR/M_K_N.npz (x, w, b), times the jitted layer on the CPU device by the shared QUICK rule with
-`block_until_ready`, writes DIR/M_K_N.jax.npy (its output) and prints one JSON object per shape.
+Reads DIR/M_K_N[_t].npz (x, w, b; with t, w is [N, K] and the layer is x @ w.T), times the jitted layer on the
+CPU device by the shared QUICK rule with `block_until_ready`, writes DIR/M_K_N[_t].jax.npy (its output) and prints
+one JSON object per shape.
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ def main() -> int:
     import jax.numpy as jnp
 
     fn = jax.jit(lambda x, w, b: jnp.maximum(x @ w + b, 0.0))
+    fn_t = jax.jit(lambda x, w, b: jnp.maximum(x @ w.T + b, 0.0))
     cpu = jax.devices("cpu")[0]
     for shape in a.shapes:
         tag = shape.replace(",", "_")
         d = np.load(Path(a.inputs) / f"{tag}.npz")
         args = [jax.device_put(d[k], cpu) for k in ("x", "w", "b")]
-        out = fn(*args).block_until_ready()
+        f = fn_t if shape.endswith(",t") else fn
+        out = f(*args).block_until_ready()
         np.save(Path(a.inputs) / f"{tag}.jax.npy", np.asarray(out))
-        t = time_calls(lambda args=args: fn(*args).block_until_ready(), QUICK)
+        t = time_calls(lambda args=args, f=f: f(*args).block_until_ready(), QUICK)
         print(json.dumps({"shape": shape, "median_s": t.median_s, "jax": jax.__version__}), flush=True)
     return 0
 

@@ -72,6 +72,12 @@ ROW_VECS_PER_ACC = 4
 #: (a chain of dependent scalar ops per row) cost up to 40% (short rows); with the fold the accumulator
 #: count (1..16 per row) changes the time by less than 3%
 ROW_TREE_LANES = 4
+#: parts of the reduction per core of a GEMV's row streaming (`_gemv`); 1 and 2 measured alike (4096 x 4096)
+GEMV_PARTS_PER_CORE = 2
+#: register tile of `_dot_tile` (dot products of x[.., M, K] and W[.., N, K] along k): at most this many rows
+#: of x, and rows x cols vector accumulators
+DOT_TILE_ROWS = 8
+DOT_TILE_ACCS = 16
 #: pack B only when at least this many output rows reuse each of its elements
 PACK_MIN_ROWS = 16
 #: the column-panel GEMM plan (see `_gemm`): a parallel task owns the columns of a panel of at most
@@ -114,6 +120,10 @@ def default_schedule(cd: ComputeDef, target: Target | None = None, *, gemm_holes
             done.add(producer.name)
             gemm = _gemm(cd, stage.name, producer.name, producer, target, lanes, names, gemm_holes)
             steps += gemm if gemm is not None else _tiled_pair(stage.name, producer.name, stage.axes, producer, lanes)
+        elif stage.is_reduction and _gemv_like(stage, lanes):
+            steps += _gemv(stage, lanes, target.cores, names)
+        elif stage.is_reduction and _few_rows_dot(stage, lanes):
+            steps += _dot_tile(stage, lanes, names)
         elif stage.is_reduction and _small_n_dot(stage, lanes):
             steps += _small_n_tile(stage, names)
         elif stage.is_reduction and _is_tiled_reduction(stage, lanes):
@@ -386,7 +396,8 @@ def _fusable_producer(cd: ComputeDef, stage: Stage, consumers: dict[str, list[st
     for name in {e.buffer for e in walk(stage.body) if isinstance(e, Load)}:
         prod = cd.stage_by_name.get(name)
         if (prod is not None and prod.name not in cd.outputs and consumers[prod.name] == [stage.name]
-                and _is_tiled_reduction(prod, 8) and prod.shape == stage.shape
+                and _is_tiled_reduction(prod, 8) and not _gemv_like(prod, 8) and not _few_rows_dot(prod, 8)
+                and prod.shape == stage.shape
                 and _reads_same_point(stage, prod.name)):
             return prod
     return None
@@ -510,6 +521,90 @@ def _small_n_tile(stage: Stage, names: set[str]) -> list[Step]:
     steps += [Annotate(name, j, ForKind.VECTORIZED), ComputeAt(local, name, fused),
               Split(local, i, (mr,)), Reorder(local, tuple([a.name for a in batch] + [f"{i}.0"] + red + [f"{i}.1", j])),
               Annotate(local, f"{i}.1", ForKind.UNROLLED), Annotate(local, j, ForKind.VECTORIZED)]
+    return steps
+
+
+# ----------------------------------------------------------------------------- GEMV-like stages
+
+def _gemv_like(stage: Stage, lanes: int) -> bool:
+    """A dot-like reduction over one axis with a single output row (x[1, K] @ W[K, N]: batch-1 inference) whose
+    B is read contiguously along the N >= two vectors output columns, with enough work to run in parallel."""
+    if not _is_dot_like(stage) or len(stage.reduce_axes) != 1 or _work(stage) < PARALLEL_MIN_WORK:
+        return False
+    if math.prod(a.extent for a in stage.axes[:-1]) != 1 or stage.axes[-1].extent < 2 * lanes:
+        return False
+    b = _b_operand(stage)
+    return b is not None and b[0].buffer != stage.name and b[1] == len(b[0].indices) - 1
+
+
+def _gemv(stage: Stage, lanes: int, cores: int, names: set[str]) -> list[Step]:
+    """Row streaming: K split into GEMV_PARTS_PER_CORE parts per core (rfactor), each task adding its rows of W,
+    one after the other and each along its whole length, into a partial row of N accumulators (which stays in
+    L1/L2); then the partial rows are added.  W is read once, contiguously, as the hardware prefetchers like it; the
+    tile plan reads it in short segments with a row's stride between them (4096 x 4096 on the 2-core AVX-512 VM:
+    2.28 -> 1.06-1.15 ms, numpy 1.12; 4096 x 1024: 0.45 -> 0.34-0.40)."""
+    name, k = stage.name, stage.reduce_axes[0]
+    rows = [a.name for a in stage.axes[:-1]]
+    j = stage.axes[-1].name
+    parts = _divisor_at_most(k.extent, GEMV_PARTS_PER_CORE * max(1, cores))
+    v = _vector_width(stage.axes[-1].extent, lanes) or lanes
+    rf = _fresh_name(names, name + ".rf")
+    k0, k1 = f"{k.name}.0", f"{k.name}.1"
+    steps: list[Step] = [Split(name, k.name, (parts,), inner_to_outer=False), RFactor(name, k0)]
+    inner = [k1]
+    if (k.extent // parts) % 2 == 0:
+        steps.append(Split(rf, k1, (2,)))
+        inner = [f"{k1}.0", f"{k1}.1"]
+    steps += [Split(rf, j, (v,)), Reorder(rf, tuple([k0] + rows + inner + [f"{j}.0", f"{j}.1"])),
+              Annotate(rf, k0, ForKind.PARALLEL), Annotate(rf, f"{j}.1", ForKind.VECTORIZED)]
+    if len(inner) == 2:
+        steps.append(Annotate(rf, inner[1], ForKind.UNROLLED))
+    return steps + [Reorder(name, tuple(rows + [k0, j])), Split(name, j, (v,)),
+                    Annotate(name, f"{j}.1", ForKind.VECTORIZED)]
+
+
+def _few_rows_dot(stage: Stage, lanes: int) -> bool:
+    """A dot over one axis k that both operands hold contiguously (x[.., M, K] @ W[.., N, K]^T: weights stored
+    [out, in], attention scores) with too few rows reusing W to pack it (a GEMV, a small batch)."""
+    if not _is_dot_like(stage) or len(stage.reduce_axes) != 1 or len(stage.axes) < 2:
+        return False
+    k = stage.reduce_axes[0]
+    v = _vector_width(k.extent, lanes)
+    b = _b_operand(stage)
+    if not v or k.extent < 4 * v or b is None or b[0].buffer == stage.name or b[2] != len(b[0].indices) - 1:
+        return False
+    if _reuse_rows(stage, b[0]) >= PACK_MIN_ROWS:
+        return False
+    a = [e for e in walk(stage.body) if isinstance(e, Load) and e is not b[0] and e.buffer != b[0].buffer]
+    return bool(a) and all(getattr(e.indices[-1], "name", None) == k.name for e in a if e.indices)
+
+
+def _dot_tile(stage: Stage, lanes: int, names: set[str]) -> list[Step]:
+    """A register tile of dot products for `_few_rows_dot`: per parallel task `cols` rows of W (the output
+    columns) against `rows` rows of x, rows x cols vector accumulators along k (rfactor over the lanes), one load
+    of each operand's vector per step shared by the tile; the lanes are added at the end.  Measured on the 2-core
+    AVX-512 VM (x @ W^T): 1 x 4096 x 4096 7.4 -> 1.06 ms (numpy 1.16), 8 x 4096 x 4099 17.0 -> 2.1 ms (numpy 5.0),
+    4 x 1024 x 1000 0.38 -> 0.07 ms (numpy 0.29)."""
+    name, k = stage.name, stage.reduce_axes[0]
+    *batch, ax_i, ax_j = stage.axes
+    i, j = ax_i.name, ax_j.name
+    v = _vector_width(k.extent, lanes)
+    rows = _divisor_at_most(ax_i.extent, DOT_TILE_ROWS)
+    cols = _divisor_at_most(ax_j.extent, max(1, DOT_TILE_ACCS // rows))
+    rf = _fresh_name(names, name + ".rf")
+    k0, k1 = f"{k.name}.0", f"{k.name}.1"
+    outer = [a.name for a in batch] + [f"{j}.0"]
+    steps: list[Step] = [Split(name, k.name, (v,)), RFactor(name, k1), Split(name, i, (rows,)),
+                         Split(name, j, (cols,)),
+                         Reorder(name, tuple(outer + [f"{i}.0", f"{i}.1", f"{j}.1", k1]))]
+    if len(outer) > 1:
+        steps.append(Fuse(name, tuple(outer)))
+    if _work(stage) >= PARALLEL_MIN_WORK:
+        steps.append(Annotate(name, "@".join(outer), ForKind.PARALLEL))
+    steps += [ComputeAt(rf, name, f"{i}.0"),
+              Reorder(rf, tuple([k0] + [a.name for a in batch] + [i, j, k1])),
+              Annotate(rf, i, ForKind.UNROLLED), Annotate(rf, j, ForKind.UNROLLED),
+              Annotate(rf, k1, ForKind.VECTORIZED)]
     return steps
 
 

@@ -132,3 +132,46 @@ def test_gemm_panel_sketch_of_padded_rows_samples_compute_the_layer(isa):
         out = np.full((m, n), np.nan, dtype=np.float32)
         kern(x, w, b, out)
         np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-4)
+
+
+def _hlo_t(m: int, k: int, n: int) -> str:
+    """relu(x @ w.T + b) with w stored [N, K] (PyTorch's layout)."""
+    return _hlo(m, k, n).replace(f"w: f32[{k},{n}]", f"w: f32[{n},{k}]").replace(
+        f"%w = f32[{k},{n}]", f"%w = f32[{n},{k}]").replace("rhs_contracting_dims={0}", "rhs_contracting_dims={1}")
+
+
+@pytest.mark.parametrize("isa", sorted(ISAS))
+@pytest.mark.parametrize("m, k, n, t", [(1, 512, 1000, False), (1, 384, 509, False), (1, 512, 509, True),
+                                        (8, 256, 130, True), (3, 320, 64, True)])
+def test_few_row_dots_match_numpy(m, k, n, t, isa):
+    """A single row (batch-1 inference) with w stored [K, N] streams W's rows into partial rows of accumulators
+    (`_gemv`: k split into parts, rfactor, parallel over the parts); a few rows with w stored [N, K] take a
+    register tile of dot products along k (`_dot_tile`: rfactor over the lanes, parallel over the columns).  Both
+    compiled and in the loop-IR interpreter, against numpy."""
+    from hlotune.schedule_space.loop_eval import evaluate_loop_func
+    from hlotune.schedule_space.loop_ir import ForKind
+    from hlotune.schedule_space.steps import Annotate, ComputeAt, RFactor
+
+    tgt = ISAS[isa]
+    (sg,) = load_model(_hlo_t(m, k, n) if t else _hlo(m, k, n)).frontend.subgraphs
+    cd = sg.workload.compute
+    steps = default_schedule(cd, tgt)
+    rf = [s for s in steps if isinstance(s, RFactor)]
+    assert len(rf) == 1, steps
+    par = [s.iter for s in steps if isinstance(s, Annotate) and s.kind is ForKind.PARALLEL and s.stage == "d.rf"]
+    if t:      # the dot-product tile: the rf stage at the column tile, vectorized along k
+        assert any(isinstance(s, ComputeAt) and s.stage == "d.rf" for s in steps) and not par
+    else:      # the row streaming: parallel over the parts of k
+        assert par == ["r0.0"], steps
+    f = lower(cd, steps)
+    rng = np.random.default_rng(m + n)
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    w = rng.standard_normal((n, k) if t else (k, n), dtype=np.float32)
+    b = rng.standard_normal(n, dtype=np.float32)
+    want = np.maximum(x @ (w.T if t else w) + b, 0)
+    out = np.full((m, n), np.nan, dtype=np.float32)
+    build_cpu(f, tgt)(x, w, b, out)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    if m * n <= 1024:
+        (got,) = evaluate_loop_func(f, [x, w, b])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
