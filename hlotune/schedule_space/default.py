@@ -123,7 +123,7 @@ def default_schedule(cd: ComputeDef, target: Target | None = None, *, gemm_holes
         elif stage.is_reduction and _gemv_like(stage, lanes):
             steps += _gemv(stage, lanes, target.cores, names)
         elif stage.is_reduction and _few_rows_dot(stage, lanes):
-            steps += _dot_tile(stage, lanes, names)
+            steps += _dot_tile(stage, lanes, names, stage.name not in cd.outputs)
         elif stage.is_reduction and _small_n_dot(stage, lanes):
             steps += _small_n_tile(stage, names)
         elif stage.is_reduction and _is_tiled_reduction(stage, lanes):
@@ -579,23 +579,26 @@ def _few_rows_dot(stage: Stage, lanes: int) -> bool:
     return bool(a) and all(getattr(e.indices[-1], "name", None) == k.name for e in a if e.indices)
 
 
-def _dot_tile(stage: Stage, lanes: int, names: set[str]) -> list[Step]:
+def _dot_tile(stage: Stage, lanes: int, names: set[str], can_pad: bool = False) -> list[Step]:
     """A register tile of dot products for `_few_rows_dot`: per parallel task `cols` rows of W (the output
     columns) against `rows` rows of x, rows x cols vector accumulators along k (rfactor over the lanes), one load
     of each operand's vector per step shared by the tile; the lanes are added at the end.  Measured on the 2-core
     AVX-512 VM (x @ W^T): 1 x 4096 x 4096 7.4 -> 1.06 ms (numpy 1.16), 8 x 4096 x 4099 17.0 -> 2.1 ms (numpy 5.0),
-    4 x 1024 x 1000 0.38 -> 0.07 ms (numpy 0.29)."""
+    4 x 1024 x 1000 0.38 -> 0.07 ms (numpy 0.29).  Rows or columns with no divisor above half the tile
+    (4099 columns, 11 rows) are padded to a multiple of it when the stage is not an output (`steps.Pad`: the padded
+    columns re-read W's last row, a whole vector along k)."""
     name, k = stage.name, stage.reduce_axes[0]
     *batch, ax_i, ax_j = stage.axes
     i, j = ax_i.name, ax_j.name
     v = _vector_width(k.extent, lanes)
-    rows = _divisor_at_most(ax_i.extent, DOT_TILE_ROWS)
-    cols = _divisor_at_most(ax_j.extent, max(1, DOT_TILE_ACCS // rows))
+    steps: list[Step] = []
+    rows, pad_i = _tile_or_pad(ax_i.extent, min(ax_i.extent, DOT_TILE_ROWS), can_pad)
+    cols, pad_j = _tile_or_pad(ax_j.extent, max(1, DOT_TILE_ACCS // rows), can_pad)
+    steps += [Pad(name, a, e) for a, e in ((i, pad_i), (j, pad_j)) if e]
     rf = _fresh_name(names, name + ".rf")
     k0, k1 = f"{k.name}.0", f"{k.name}.1"
     outer = [a.name for a in batch] + [f"{j}.0"]
-    steps: list[Step] = [Split(name, k.name, (v,)), RFactor(name, k1), Split(name, i, (rows,)),
-                         Split(name, j, (cols,)),
+    steps += [Split(name, k.name, (v,)), RFactor(name, k1), Split(name, i, (rows,)), Split(name, j, (cols,)),
                          Reorder(name, tuple(outer + [f"{i}.0", f"{i}.1", f"{j}.1", k1]))]
     if len(outer) > 1:
         steps.append(Fuse(name, tuple(outer)))
@@ -606,6 +609,15 @@ def _dot_tile(stage: Stage, lanes: int, names: set[str]) -> list[Step]:
               Annotate(rf, i, ForKind.UNROLLED), Annotate(rf, j, ForKind.UNROLLED),
               Annotate(rf, k1, ForKind.VECTORIZED)]
     return steps
+
+
+def _tile_or_pad(extent: int, want: int, can_pad: bool) -> tuple[int, int]:
+    """(tile, padded extent or 0): the largest divisor of `extent` of at most `want`, or `want` over the extent
+    padded to a multiple of it when that divisor is at most half of it and padding is allowed."""
+    d = _divisor_at_most(extent, want)
+    if d * 2 <= want and can_pad:
+        return want, -(-extent // want) * want
+    return d, 0
 
 
 # ----------------------------------------------------------------------------- GEMM-like stages

@@ -142,12 +142,12 @@ def _hlo_t(m: int, k: int, n: int) -> str:
 
 @pytest.mark.parametrize("isa", sorted(ISAS))
 @pytest.mark.parametrize("m, k, n, t", [(1, 512, 1000, False), (1, 384, 509, False), (1, 512, 509, True),
-                                        (8, 256, 130, True), (3, 320, 64, True)])
+                                        (8, 256, 130, True), (3, 320, 64, True), (11, 256, 131, True)])
 def test_few_row_dots_match_numpy(m, k, n, t, isa):
     """A single row (batch-1 inference) with w stored [K, N] streams W's rows into partial rows of accumulators
     (`_gemv`: k split into parts, rfactor, parallel over the parts); a few rows with w stored [N, K] take a
-    register tile of dot products along k (`_dot_tile`: rfactor over the lanes, parallel over the columns).  Both
-    compiled and in the loop-IR interpreter, against numpy."""
+    register tile of dot products along k (`_dot_tile`: rfactor over the lanes, parallel over the columns; rows and
+    columns with no good divisor padded).  Both compiled and in the loop-IR interpreter, against numpy."""
     from hlotune.schedule_space.loop_eval import evaluate_loop_func
     from hlotune.schedule_space.loop_ir import ForKind
     from hlotune.schedule_space.steps import Annotate, ComputeAt, RFactor
@@ -161,6 +161,10 @@ def test_few_row_dots_match_numpy(m, k, n, t, isa):
     par = [s.iter for s in steps if isinstance(s, Annotate) and s.kind is ForKind.PARALLEL and s.stage == "d.rf"]
     if t:      # the dot-product tile: the rf stage at the column tile, vectorized along k
         assert any(isinstance(s, ComputeAt) and s.stage == "d.rf" for s in steps) and not par
+        pads = {s.iter: s.extent for s in steps if isinstance(s, Pad)}
+        want_pads = {(1, 509): {"i1": 512},                   # 1 x 16 accumulators: 509 columns padded
+                     (11, 131): {"i0": 16, "i1": 132}}.get((m, n), {})   # 8 x 2: 11 rows and 131 columns padded
+        assert pads == want_pads
     else:      # the row streaming: parallel over the parts of k
         assert par == ["r0.0"], steps
     f = lower(cd, steps)
