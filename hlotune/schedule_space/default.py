@@ -9,6 +9,8 @@ Map:
                                 `transposed_pack`: the loops of a packed copy of a B contiguous along k
   gemm_sketch(cd, target)       the default with the column-panel GEMM's row tile and k block as holes, a
                                 sketch template for the search
+  _gemv / _dot_tile             dots with a single row and B stored [K, N] (row streaming into partial rows), and
+                                with a few rows and B stored [N, K] (a register tile of dot products along k)
   _reduction(R, ...)            row reductions vectorized through rfactor; column reductions
                                 vectorized over the contiguous space axis; full reductions split
                                 into parallel partials
@@ -28,7 +30,9 @@ REDUCE_VECS accumulators (rfactor) folded by vector operations, so a row is read
 in cache for the next stage and the output is written once.  Rows too short for a vector (10 logits) keep
 the per-stage defaults, which vectorize across rows.  Loops are parallel only when a stage has enough work
 to pay for waking the thread pool; vector widths are the target's lanes for the element type;
-tile sizes are divisors of the extents, so no guards are needed.
+tile sizes are divisors of the extents, so no guards are needed, except in dots whose rows or columns have no
+good divisor: there the reduction is padded (`steps.Pad`, a padded `Pack` of B) or its last column tile shifted
+inwards, and only the consumer keeps a tail guard (split off by `codegen.partition`).
 """
 
 from __future__ import annotations
@@ -546,13 +550,16 @@ def _gemv(stage: Stage, lanes: int, cores: int, names: set[str]) -> list[Step]:
     name, k = stage.name, stage.reduce_axes[0]
     rows = [a.name for a in stage.axes[:-1]]
     j = stage.axes[-1].name
-    parts = _divisor_at_most(k.extent, GEMV_PARTS_PER_CORE * max(1, cores))
+    want = GEMV_PARTS_PER_CORE * max(1, cores)
+    parts = _divisor_at_most(k.extent, want)
+    if parts < max(2, cores):      # a prime K: parts that do not divide it (the rfactor guards the last one)
+        parts = want
     v = _vector_width(stage.axes[-1].extent, lanes) or lanes
     rf = _fresh_name(names, name + ".rf")
     k0, k1 = f"{k.name}.0", f"{k.name}.1"
     steps: list[Step] = [Split(name, k.name, (parts,), inner_to_outer=False), RFactor(name, k0)]
     inner = [k1]
-    if (k.extent // parts) % 2 == 0:
+    if k.extent % parts == 0 and (k.extent // parts) % 2 == 0:
         steps.append(Split(rf, k1, (2,)))
         inner = [f"{k1}.0", f"{k1}.1"]
     steps += [Split(rf, j, (v,)), Reorder(rf, tuple([k0] + rows + inner + [f"{j}.0", f"{j}.1"])),
@@ -599,7 +606,7 @@ def _dot_tile(stage: Stage, lanes: int, names: set[str], can_pad: bool = False) 
     k0, k1 = f"{k.name}.0", f"{k.name}.1"
     outer = [a.name for a in batch] + [f"{j}.0"]
     steps += [Split(name, k.name, (v,)), RFactor(name, k1), Split(name, i, (rows,)), Split(name, j, (cols,)),
-                         Reorder(name, tuple(outer + [f"{i}.0", f"{i}.1", f"{j}.1", k1]))]
+              Reorder(name, tuple(outer + [f"{i}.0", f"{i}.1", f"{j}.1", k1]))]
     if len(outer) > 1:
         steps.append(Fuse(name, tuple(outer)))
     if _work(stage) >= PARALLEL_MIN_WORK:

@@ -141,7 +141,8 @@ def _hlo_t(m: int, k: int, n: int) -> str:
 
 
 @pytest.mark.parametrize("isa", sorted(ISAS))
-@pytest.mark.parametrize("m, k, n, t", [(1, 512, 1000, False), (1, 384, 509, False), (1, 512, 509, True),
+@pytest.mark.parametrize("m, k, n, t", [(1, 512, 1000, False), (1, 384, 509, False), (1, 499, 300, False),
+                                        (1, 512, 509, True),
                                         (8, 256, 130, True), (3, 320, 64, True), (11, 256, 131, True)])
 def test_few_row_dots_match_numpy(m, k, n, t, isa):
     """A single row (batch-1 inference) with w stored [K, N] streams W's rows into partial rows of accumulators
@@ -179,3 +180,48 @@ def test_few_row_dots_match_numpy(m, k, n, t, isa):
     if m * n <= 1024:
         (got,) = evaluate_loop_func(f, [x, w, b])
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("pad", [0, 1])
+def test_conv_with_prime_output_width_matches_the_interpreter(pad):
+    """A convolution whose output width (the GEMM's rows) is prime (29, 31): the rows are padded to the micro-tile
+    and the padded rows read clamped (and, with padding, masked) input columns; the whole model matches the
+    reference interpreter."""
+    from hlotune.api import reference_run
+
+    size = 31
+    out = size if pad else size - 2
+    window = f"window={{size=3x3 pad={pad}_{pad}x{pad}_{pad}}}, dim_labels=b01f_01io->b01f"
+    text = f"""HloModule conv_odd
+
+ENTRY main {{
+  x = f32[1,{size},{size},16] parameter(0)
+  w = f32[3,3,16,64] parameter(1)
+  ROOT c = f32[1,{out},{out},64] convolution(x, w), {window}
+}}
+"""
+    (sg,) = load_model(text).frontend.subgraphs
+    steps = default_schedule(sg.workload.compute, TARGET)
+    assert any(isinstance(s, Pad) for s in steps), steps
+    rng = np.random.default_rng(pad)
+    x = rng.standard_normal((1, size, size, 16), dtype=np.float32)
+    w = rng.standard_normal((3, 3, 16, 64), dtype=np.float32)
+    got = hlotune.compile(text)(x, w)
+    got = got[0] if isinstance(got, tuple | list) else got
+    (want,) = reference_run(text, [x, w])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_fuzzed_dense_shapes_match_numpy():
+    """`benchmarks/fuzz_dense_shapes.py` at a small count: random extents (both weight layouts) compiled with the
+    default schedules agree with numpy, and the new plans are among those taken."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from fuzz_dense_shapes import fuzz
+
+    n, failures, plans = fuzz(24, 7, (40, 200, 300))
+    assert failures == [], failures
+    assert n == sum(plans.values()) == 24
+    assert any(p.startswith("GEMM padded") for p in plans), plans

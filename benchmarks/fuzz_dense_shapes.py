@@ -1,0 +1,100 @@
+"""Fuzz the default schedules of dense layers over random extents against numpy.
+
+    .venv/bin/python benchmarks/fuzz_dense_shapes.py [--count 500] [--seed 0] [--max-rows 80] [--max-k 600]
+        [--max-cols 700]
+
+Each case: relu(x @ w + b) with random M, K, N (w stored [K, N], or [N, K] as x @ w.T in a third of the cases),
+compiled with hlotune's default schedules (`hlotune.compile`), run on standard-normal inputs and compared to
+numpy (rtol = atol = 1e-4 scaled by sqrt(K)).  Prints one line per failure and a summary: cases, failures, and
+how many took each plan (padded rows / columns, row streaming, dot-product tile, other), so a run shows that the
+new plans were exercised.  Exit status 1 when any case fails.
+
+Map: plan_of(steps) / run_case(rng, limits) / fuzz(count, seed, limits) -> (cases, failures, plans) / main
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from awkward_gemm import hlo  # noqa: E402
+
+
+def plan_of(steps) -> str:
+    """Which default plan a dense layer's steps took."""
+    from hlotune.schedule_space.loop_ir import ForKind
+    from hlotune.schedule_space.steps import Annotate, Pad, RFactor, Split
+
+    pads = sorted({s.iter for s in steps if isinstance(s, Pad)})
+    rf = any(isinstance(s, RFactor) for s in steps)
+    if rf and any(isinstance(s, Split) and not s.inner_to_outer for s in steps):
+        return "row streaming"
+    if any(isinstance(s, Annotate) and s.stage.endswith(".rf") and s.kind is ForKind.UNROLLED for s in steps):
+        return "dot tile" + (" padded" if pads else "")
+    if rf:
+        return "rfactor reduction"
+    return ("GEMM padded " + "+".join(pads)) if pads else "other"
+
+
+def run_case(rng: np.random.Generator, limits: tuple[int, int, int]) -> tuple[str, str, str | None]:
+    """(shape, plan, error or None) of one random layer."""
+    import hlotune
+    from hlotune.api import load_model
+    from hlotune.schedule_space.default import default_schedule
+
+    m = int(rng.integers(1, limits[0] + 1))
+    k = int(rng.integers(1, limits[1] + 1))
+    n = int(rng.integers(1, limits[2] + 1))
+    t = bool(rng.random() < 1 / 3)
+    text = hlo(m, k, n, t)
+    shape = f"{m}x{k}x{n}{' t' if t else ''}"
+    (sg,) = load_model(text).frontend.subgraphs
+    plan = plan_of(default_schedule(sg.workload.compute))
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    w = rng.standard_normal((n, k) if t else (k, n), dtype=np.float32)
+    b = rng.standard_normal(n, dtype=np.float32)
+    got = hlotune.compile(text)(x, w, b)
+    got = got[0] if isinstance(got, tuple | list) else got
+    want = np.maximum(x @ (w.T if t else w) + b, 0)
+    tol = 1e-4 * max(1.0, k ** 0.5)
+    if got.shape != want.shape or not np.allclose(got, want, rtol=tol, atol=tol):
+        err = float(np.nanmax(np.abs(got - want))) if got.shape == want.shape else float("nan")
+        return shape, plan, f"max abs error {err:.3g}"
+    return shape, plan, None
+
+
+def fuzz(count: int, seed: int, limits: tuple[int, int, int] = (80, 600, 700)):
+    rng = np.random.default_rng(seed)
+    plans: collections.Counter = collections.Counter()
+    failures = []
+    for _ in range(count):
+        shape, plan, err = run_case(rng, limits)
+        plans[plan] += 1
+        if err:
+            failures.append((shape, plan, err))
+    return count, failures, plans
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--count", type=int, default=500)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-rows", type=int, default=80)
+    ap.add_argument("--max-k", type=int, default=600)
+    ap.add_argument("--max-cols", type=int, default=700)
+    a = ap.parse_args(argv)
+    n, failures, plans = fuzz(a.count, a.seed, (a.max_rows, a.max_k, a.max_cols))
+    for shape, plan, err in failures:
+        print(f"FAIL {shape} ({plan}): {err}")
+    print(f"{n} cases, {len(failures)} failures; plans: " + ", ".join(f"{k} {v}" for k, v in plans.most_common()))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
