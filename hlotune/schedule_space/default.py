@@ -78,9 +78,9 @@ ROW_VECS_PER_ACC = 4
 ROW_TREE_LANES = 4
 #: parts of the reduction per core of a GEMV's row streaming (`_gemv`); 1 and 2 measured alike (4096 x 4096)
 GEMV_PARTS_PER_CORE = 2
-#: register tile of `_dot_tile` (dot products of x[.., M, K] and W[.., N, K] along k): at most this many rows
-#: of x, and rows x cols vector accumulators
-DOT_TILE_ROWS = 8
+#: register tile of `_dot_tile` (dot products of x[.., M, K] and W[.., N, K] along k): up to this many rows of x
+#: take all of them (more take 4 or 3, `_dot_tile_rows`), and rows x cols vector accumulators
+DOT_TILE_ROWS = 6
 DOT_TILE_ACCS = 16
 #: pack B only when at least this many output rows reuse each of its elements
 PACK_MIN_ROWS = 16
@@ -588,18 +588,18 @@ def _few_rows_dot(stage: Stage, lanes: int) -> bool:
 
 def _dot_tile(stage: Stage, lanes: int, names: set[str], can_pad: bool = False) -> list[Step]:
     """A register tile of dot products for `_few_rows_dot`: per parallel task `cols` rows of W (the output
-    columns) against `rows` rows of x, rows x cols vector accumulators along k (rfactor over the lanes), one load
-    of each operand's vector per step shared by the tile; the lanes are added at the end.  Measured on the 2-core
-    AVX-512 VM (x @ W^T): 1 x 4096 x 4096 7.4 -> 1.06 ms (numpy 1.16), 8 x 4096 x 4099 17.0 -> 2.1 ms (numpy 5.0),
-    4 x 1024 x 1000 0.38 -> 0.07 ms (numpy 0.29).  Rows or columns with no divisor above half the tile
-    (4099 columns, 11 rows) are padded to a multiple of it when the stage is not an output (`steps.Pad`: the padded
-    columns re-read W's last row, a whole vector along k)."""
+    columns) against `rows` rows of x (`_dot_tile_rows`), rows x cols vector accumulators along k (rfactor over the
+    lanes), one load of each operand's vector per step shared by the tile; the lanes are added at the end.
+    Measured on the 2-core AVX-512 VM (x @ W^T): 1 x 4096 x 4096 7.4 -> 1.06 ms (numpy 1.16), 8 x 4096 x 4099
+    17.0 -> 1.9 ms (numpy 4.8), 4 x 1024 x 1000 0.38 -> 0.08 ms (numpy 0.27).  Rows or columns with no divisor
+    above half the tile (4099 columns, 11 rows) are padded to a multiple of it when the stage is not an output
+    (`steps.Pad`: the padded columns re-read W's last row, a whole vector along k)."""
     name, k = stage.name, stage.reduce_axes[0]
     *batch, ax_i, ax_j = stage.axes
     i, j = ax_i.name, ax_j.name
     v = _vector_width(k.extent, lanes)
     steps: list[Step] = []
-    rows, pad_i = _tile_or_pad(ax_i.extent, min(ax_i.extent, DOT_TILE_ROWS), can_pad)
+    rows, pad_i = _tile_or_pad(ax_i.extent, _dot_tile_rows(ax_i.extent), can_pad)
     cols, pad_j = _tile_or_pad(ax_j.extent, max(1, DOT_TILE_ACCS // rows), can_pad)
     steps += [Pad(name, a, e) for a, e in ((i, pad_i), (j, pad_j)) if e]
     rf = _fresh_name(names, name + ".rf")
@@ -616,6 +616,16 @@ def _dot_tile(stage: Stage, lanes: int, names: set[str], can_pad: bool = False) 
               Annotate(rf, i, ForKind.UNROLLED), Annotate(rf, j, ForKind.UNROLLED),
               Annotate(rf, k1, ForKind.VECTORIZED)]
     return steps
+
+
+def _dot_tile_rows(M: int) -> int:
+    """Rows of `_dot_tile`: all of them up to DOT_TILE_ROWS, else 4 or 3, whichever pads fewer (4 on a tie): a
+    square 4 x 4 tile loads 8 vectors per 16 products, an 8 x 2 one 10 (measured, 2-core AVX-512 VM, W [N, K],
+    against 8 x 2: 8 x 4096 x 4099 2.17 -> 1.91 ms, 11 x 4096 x 4096 3.25 -> 2.41, 9 x 2048 x 2048 0.83 -> 0.50;
+    6 rows as 6 x 2 1.57 ms, as 3 x 5 1.68)."""
+    if M <= DOT_TILE_ROWS:
+        return M
+    return 3 if -M % 3 < -M % 4 else 4
 
 
 def _tile_or_pad(extent: int, want: int, can_pad: bool) -> tuple[int, int]:

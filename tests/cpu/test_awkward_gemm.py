@@ -164,7 +164,8 @@ def test_few_row_dots_match_numpy(m, k, n, t, isa):
         assert any(isinstance(s, ComputeAt) and s.stage == "d.rf" for s in steps) and not par
         pads = {s.iter: s.extent for s in steps if isinstance(s, Pad)}
         want_pads = {(1, 509): {"i1": 512},                   # 1 x 16 accumulators: 509 columns padded
-                     (11, 131): {"i0": 16, "i1": 132}}.get((m, n), {})   # 8 x 2: 11 rows and 131 columns padded
+                     (8, 130): {"i1": 132},                   # 4 x 4: 130 columns padded
+                     (11, 131): {"i0": 12, "i1": 132}}.get((m, n), {})   # 4 x 4: 11 rows and 131 columns padded
         assert pads == want_pads
     else:      # the row streaming: parallel over the parts of k
         assert par == ["r0.0"], steps
