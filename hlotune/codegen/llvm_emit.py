@@ -888,31 +888,12 @@ class FuncEmitter:
     def _clamped_vector_load(self, buf: _Buf, e: Load, free: tuple[Expr, ...], cap: int) -> ir.Value:
         """One vector load where the clamp does not bite on any lane (x of lane 0 + lanes - 1 <= C), the lanes
         one by one where it does."""
-        b = self.b
         n = self.vec[1]
-        vt = ir.VectorType(store_type(buf.dtype), n)
         with self._scalar_mode():
             x0 = self.index(free[-1])
-        ok = b.icmp_signed("<=", x0, ir.Constant(I64, cap - n + 1))
-        fast = b.append_basic_block("vclamp.in")
-        slow = b.append_basic_block("vclamp.edge")
-        join = b.append_basic_block("vclamp.join")
-        b.cbranch(ok, fast, slow)
-        b.position_at_end(fast)
-        v1 = b.load(self._gep(buf, self._scalar_offset(buf, free)), typ=vt, align=elem_bytes(buf.dtype))
-        b.branch(join)
-        b.position_at_end(slow)
-        saved = self.memo
-        self.memo = {}
-        v2 = self._gather(buf, e.indices, n)
-        self.memo = saved
-        slow_end = b.block
-        b.branch(join)
-        b.position_at_end(join)
-        phi = b.phi(vt)
-        phi.add_incoming(v1, fast)
-        phi.add_incoming(v2, slow_end)
-        return phi
+        ok = self.b.icmp_signed("<=", x0, ir.Constant(I64, cap - n + 1))
+        vt = ir.VectorType(store_type(buf.dtype), n)
+        return self._vector_or_gather(ok, buf, e, self._scalar_offset(buf, free), vt, "vclamp")
 
     def _gather(self, buf: _Buf, indices: tuple[Expr, ...], n: int) -> ir.Value:
         sty = store_type(buf.dtype)
@@ -928,12 +909,17 @@ class FuncEmitter:
 
     def _guarded_vector_load(self, buf: _Buf, e: Load, off: ir.Value, vt: ir.VectorType) -> ir.Value:
         b = self.b
-        n = vt.count
         ok = b.and_(b.icmp_signed(">=", off, ir.Constant(I64, 0)),
-                    b.icmp_signed("<=", off, ir.Constant(I64, buf.size - n)))
-        fast = b.append_basic_block("vload.in")
-        slow = b.append_basic_block("vload.edge")
-        join = b.append_basic_block("vload.join")
+                    b.icmp_signed("<=", off, ir.Constant(I64, buf.size - vt.count)))
+        return self._vector_or_gather(ok, buf, e, off, vt, "vload")
+
+    def _vector_or_gather(self, ok: ir.Value, buf: _Buf, e: Load, off: ir.Value, vt: ir.VectorType,
+                          tag: str) -> ir.Value:
+        """Where `ok`: one vector load at `off`; else `e`'s lanes gathered one by one (blocks `<tag>.in/.edge`)."""
+        b = self.b
+        fast = b.append_basic_block(f"{tag}.in")
+        slow = b.append_basic_block(f"{tag}.edge")
+        join = b.append_basic_block(f"{tag}.join")
         b.cbranch(ok, fast, slow)
         b.position_at_end(fast)
         v1 = b.load(self._gep(buf, off), typ=vt, align=elem_bytes(buf.dtype))
@@ -941,7 +927,7 @@ class FuncEmitter:
         b.position_at_end(slow)
         saved = self.memo
         self.memo = {}
-        v2 = self._gather(buf, e.indices, n)
+        v2 = self._gather(buf, e.indices, vt.count)
         self.memo = saved
         slow_end = b.block
         b.branch(join)

@@ -6,6 +6,8 @@ loads take one contiguous load where the clamp does not bite (`llvm_emit._clampe
 from __future__ import annotations
 
 import dataclasses
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +20,9 @@ from hlotune.schedule_space.lower import lower
 from hlotune.schedule_space.steps import Pad, Split
 from hlotune.target import Target
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from awkward_gemm import hlo  # noqa: E402   (the benchmark's HLO text of relu(x @ w + b))
+
 TARGET = Target.host_cpu()
 LANES = max(1, TARGET.vector_bits // 32)
 #: the plan depends on the vector width and the core count: every test runs at both widths with 2 cores whatever
@@ -29,20 +34,7 @@ MR = {"avx2": 6, "avx512": 8}
 
 
 def _hlo(m: int, k: int, n: int) -> str:
-    return f"""HloModule awkward_dense
-
-ENTRY %main (x: f32[{m},{k}], w: f32[{k},{n}], b: f32[{n}]) -> f32[{m},{n}] {{
-  %x = f32[{m},{k}]{{1,0}} parameter(0)
-  %w = f32[{k},{n}]{{1,0}} parameter(1)
-  %d = f32[{m},{n}]{{1,0}} dot(%x, %w), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
-  %b = f32[{n}]{{0}} parameter(2)
-  %bb = f32[{m},{n}]{{1,0}} broadcast(%b), dimensions={{1}}
-  %a = f32[{m},{n}]{{1,0}} add(%d, %bb)
-  %z = f32[] constant(0)
-  %zb = f32[{m},{n}]{{1,0}} broadcast(%z), dimensions={{}}
-  ROOT %r = f32[{m},{n}]{{1,0}} maximum(%a, %zb)
-}}
-"""
+    return hlo(m, k, n)
 
 
 def _inputs(m, k, n, seed=0):
@@ -136,8 +128,7 @@ def test_gemm_panel_sketch_of_padded_rows_samples_compute_the_layer(isa):
 
 def _hlo_t(m: int, k: int, n: int) -> str:
     """relu(x @ w.T + b) with w stored [N, K] (PyTorch's layout)."""
-    return _hlo(m, k, n).replace(f"w: f32[{k},{n}]", f"w: f32[{n},{k}]").replace(
-        f"%w = f32[{k},{n}]", f"%w = f32[{n},{k}]").replace("rhs_contracting_dims={0}", "rhs_contracting_dims={1}")
+    return hlo(m, k, n, True)
 
 
 @pytest.mark.parametrize("isa", sorted(ISAS))
@@ -216,10 +207,6 @@ ENTRY main {{
 def test_fuzzed_dense_shapes_match_numpy():
     """`benchmarks/fuzz_dense_shapes.py` at a small count: random extents (both weight layouts) compiled with the
     default schedules agree with numpy, and the new plans are among those taken."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from fuzz_dense_shapes import fuzz
 
     n, failures, plans = fuzz(24, 7, (40, 200, 300))
