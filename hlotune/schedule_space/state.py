@@ -728,7 +728,8 @@ def _pack(state: State, s: Pack) -> State:
 
 
 def _pad(state: State, s: Pad) -> State:
-    """Stage `s.stage` with space axis `s.iter` extended to `s.extent`; its loads clamped into their buffers."""
+    """Stage `s.stage` with space axis `s.iter` extended to `s.extent`; its loads indexed by that axis clamped into
+    their buffers where bounds say they could leave them."""
     st = state.stage(s.stage)
     if not isinstance(s.extent, int) or isinstance(s.extent, bool):
         raise ScheduleError(f"pad of {s.stage}: extent {s.extent!r} must be an integer")
@@ -753,6 +754,9 @@ def _pad(state: State, s: Pad) -> State:
         shape, _ = _buffer_info(state, e.buffer)
         idx = []
         for i, n in zip((clamp(x) for x in e.indices), shape):
+            if not any(isinstance(v, Var) and v.name == s.iter for v in walk(i)):
+                idx.append(i)       # not indexed by the padded axis: it reads what it read before
+                continue
             b = bounds(i, ranges)
             if b is None or b[0] < 0:
                 i = Binary(Op.MAXIMUM, i, ic(0), INDEX)
