@@ -61,8 +61,10 @@ MAX_MR_PADDED = 4   # rows whose A loads are masked (padded convolutions): measu
 #: a dot whose output columns take no full micro-tile width (2 vectors: 509, 500, 1000 or 197 columns with 16
 #: lanes) computes them padded to a multiple of it (`steps.Pad`, out of a padded packed B) when the useful share of
 #: the padded columns is at least this many times the width of the micro-tile that divides them over the full
-#: width (197: 0.88 against 0, the dot-product form; 1000: 0.98 against 8 / 32; 48: 0.75 against 16 / 32, kept)
-PAD_GAIN = 2
+#: width (197: 0.88 against 0, the dot-product form; 1000: 0.98 against 8 / 32; 784: 0.98 against 16 / 32, padded:
+#: 256 x 256 x 784 1.05x, 512 x 1024 x 784 1.11x, 128 x 512 x 1040 1.14x, 256^2 x 784 with A transposed 1.25x
+#: on the 2-core AVX-512 VM; 48: 0.75 against 16 / 32, kept, not measured)
+PAD_GAIN = 1.75
 TILE_M = 64
 TILE_N = 64
 #: vector accumulators of a full reduction (hide the latency of the adds)
