@@ -7,9 +7,9 @@ Shapes whose rows or columns have no good divisor (prime rows; columns that take
 beside one that divides (256x784x512), single rows (batch-1 inference: a GEMV), and weights stored [N, K] (shape
 suffix `,t`: x @ w.T, PyTorch's layout).  Per shape: JAX-jit in its own process (`jax_dense_side.py`), numpy in this
 one, hlotune compiled with the working tree's default schedules ("after") and, with --before-rev, with
-`hlotune/schedule_space/default.py` at that revision ("before"; `gemm_check.load_before`); every output checked
-against numpy.  The sides are timed in --rounds interleaved rounds (`gemm_check.time_side`), best median kept.
-'% peak': GFLOP/s over numpy's 1024^3 float32 matmul rate measured at the start of the run.
+`hlotune/schedule_space/default.py` at that revision ("before"; `gemm_check.load_before`, `compile_with`); every
+output checked against numpy.  The sides are timed in --rounds interleaved rounds (`gemm_check.time_side`), best
+median kept.  '% peak': GFLOP/s over numpy's 1024^3 float32 matmul rate measured at the start of the run.
 
 Map: hlo(m, k, n) / numpy_dense / jax_side(shapes, tmp, python) / main
 """
@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import REPO, compare, measure_peaks, warm_malloc  # noqa: E402
-from gemm_check import load_before, time_side  # noqa: E402
+from gemm_check import compile_with, load_before, time_side  # noqa: E402
 
 SHAPES = ("256,784,512", "251,784,509", "250,784,500", "255,784,511", "1000,1000,1000", "100,1024,1000",
           "61,2048,997", "1,4096,4096", "1,4096,4099", "8,4096,4099", "1,4096,4096,t", "8,4096,4099,t",
@@ -78,19 +78,6 @@ def jax_side(shapes: list[str], tmp: Path, python: str) -> dict[str, float]:
     return {d["shape"]: d["median_s"] for d in map(json.loads, r.stdout.split("\n")[:-1]) if "shape" in d}
 
 
-def _compile(text: str, default_fn=None):
-    import hlotune
-    from hlotune.schedule_space import default
-
-    saved = default.default_schedule
-    if default_fn is not None:
-        default.default_schedule = default_fn
-    try:
-        return hlotune.compile(text)
-    finally:
-        default.default_schedule = saved
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
@@ -124,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         args = data[s]
         flops = 2.0 * m * k * n
         ref = numpy_dense(*args, t)
-        sides = {"numpy": lambda args=args, t=t: numpy_dense(*args, t), "after": _compile(hlo(m, k, n, t))}
+        sides = {"numpy": lambda args=args, t=t: numpy_dense(*args, t), "after": compile_with(hlo(m, k, n, t))}
         if before is not None:
-            sides["before"] = _compile(hlo(m, k, n, t), before)
+            sides["before"] = compile_with(hlo(m, k, n, t), before)
         ok = []
         for name in ("after", "before"):
             if name in sides:

@@ -55,8 +55,8 @@ def load_before(rev: str) -> types.ModuleType:
     return mod
 
 
-def compile_side(name: str, entry: dict, args: list[np.ndarray], default_fn=None) -> dict:
-    """Compile the bench HLO with the default schedules (of `default_fn` when given) and run it once."""
+def compile_with(model: str, default_fn=None):
+    """`hlotune.compile(model)` with the default schedules of `default_fn` (e.g. `load_before(rev)`'s) when given."""
     import hlotune
     from hlotune.schedule_space import default
 
@@ -64,10 +64,15 @@ def compile_side(name: str, entry: dict, args: list[np.ndarray], default_fn=None
     if default_fn is not None:
         default.default_schedule = default_fn
     try:
-        exe = hlotune.compile(str(bench_hlo_path(name, entry)))
-        outs = [np.asarray(x) for x in exe(*args)]
+        return hlotune.compile(model)
     finally:
         default.default_schedule = saved
+
+
+def compile_side(name: str, entry: dict, args: list[np.ndarray], default_fn=None) -> dict:
+    """Compile the bench HLO with the default schedules (of `default_fn` when given) and run it once."""
+    exe = compile_with(str(bench_hlo_path(name, entry)), default_fn)
+    outs = [np.asarray(x) for x in exe(*args)]
     return {"fn": lambda: exe(*args), "outs": outs}
 
 

@@ -379,20 +379,29 @@ def _gemm_width(stage: Stage, lanes: int) -> tuple[int, int, int]:
     return vl, nvec, 0
 
 
+def _b_reuse(stage: Stage) -> tuple[bool, bool, int] | None:
+    """The dot's B operand (`_b_operand`, not the stage itself): (contiguous along the columns j, contiguous along
+    the reduction k, how many output rows reuse each element); None if it has none."""
+    b = _b_operand(stage)
+    if b is None or b[0].buffer == stage.name:
+        return None
+    last = len(b[0].indices) - 1
+    return b[1] == last, b[2] == last, _reuse_rows(stage, b[0])
+
+
 def _padding_ok(stage: Stage) -> bool:
     """The dot's B operand is reused by enough rows to be packed (`_gemm`), contiguous along the columns or along
     the reduction (q @ k^T: the copy reads along k, `transposed_pack`)."""
-    b = _b_operand(stage)
-    return b is not None and b[0].buffer != stage.name and _reuse_rows(stage, b[0]) >= PACK_MIN_ROWS
+    b = _b_reuse(stage)
+    return b is not None and b[2] >= PACK_MIN_ROWS
 
 
 def _unpacked_contiguous(stage: Stage) -> bool:
     """The dot's B operand is read unpacked (too few rows reuse it to pay for a copy: a GEMV or a few rows) and
     contiguously along the columns: full-width column tiles that do not divide the columns need no padding then,
     the last one is shifted inwards (`lower`: the reduction's region at a tile of its consumer keeps its extent)."""
-    b = _b_operand(stage)
-    return (b is not None and b[0].buffer != stage.name and b[1] == len(b[0].indices) - 1
-            and _reuse_rows(stage, b[0]) < PACK_MIN_ROWS)
+    b = _b_reuse(stage)
+    return b is not None and b[0] and b[2] < PACK_MIN_ROWS
 
 
 def _fusable_producer(cd: ComputeDef, stage: Stage, consumers: dict[str, list[str]]) -> Stage | None:
@@ -539,8 +548,8 @@ def _gemv_like(stage: Stage, lanes: int) -> bool:
         return False
     if math.prod(a.extent for a in stage.axes[:-1]) != 1 or stage.axes[-1].extent < 2 * lanes:
         return False
-    b = _b_operand(stage)
-    return b is not None and b[0].buffer != stage.name and b[1] == len(b[0].indices) - 1
+    b = _b_reuse(stage)
+    return b is not None and b[0]
 
 
 def _gemv(stage: Stage, lanes: int, cores: int, names: set[str]) -> list[Step]:
@@ -579,12 +588,11 @@ def _few_rows_dot(stage: Stage, lanes: int) -> bool:
         return False
     k = stage.reduce_axes[0]
     v = _vector_width(k.extent, lanes)
-    b = _b_operand(stage)
-    if not v or k.extent < 4 * v or b is None or b[0].buffer == stage.name or b[2] != len(b[0].indices) - 1:
+    b = _b_reuse(stage)
+    if not v or k.extent < 4 * v or b is None or not b[1] or b[2] >= PACK_MIN_ROWS:
         return False
-    if _reuse_rows(stage, b[0]) >= PACK_MIN_ROWS:
-        return False
-    a = [e for e in walk(stage.body) if isinstance(e, Load) and e is not b[0] and e.buffer != b[0].buffer]
+    w = _b_operand(stage)[0].buffer
+    a = [e for e in walk(stage.body) if isinstance(e, Load) and e.buffer != w]
     return bool(a) and all(getattr(e.indices[-1], "name", None) == k.name for e in a if e.indices)
 
 
@@ -653,7 +661,7 @@ class _Gemm:
     kc: int        # block of the last reduce axis (0: not blocked)
     panel: int = 0  # columns of B one parallel task packs and owns (the column-panel plan; 0: not used)
     jp: int = 0    # the columns padded to this extent (`_gemm_width`; 0: not padded)
-    ip: int = 0    # the rows padded to this extent, a multiple of mr (`_rows_tile`; 0: not padded)
+    ip: int = 0    # the rows padded to this extent, a multiple of mr (`_tile_or_pad`; 0: not padded)
 
     @property
     def nr(self) -> int:
@@ -675,9 +683,12 @@ def _gemm_plan(red_stage: Stage, target: Target, lanes: int) -> _Gemm | None:
     J = jp or ax_j.extent
     regs = 32 if target.vector_bits >= 512 else 16
     padded = any(isinstance(e, Select) for e in walk(red_stage.body))   # conv with padding: masked A loads
-    mr = _rows_tile(I, min(MAX_MR_PADDED if padded else MAX_MR, (regs - nvec - 2) // nvec))
+    most = min(MAX_MR_PADDED if padded else MAX_MR, (regs - nvec - 2) // nvec)
+    # rows with no divisor above half the micro-tile (251): the full tile over rows padded to a multiple of it (the
+    # reduction's A loads clamped, `steps.Pad`), so the micro-kernel has no tail guard; the consumer's own tail
+    # guard is split off by the code generator (`codegen.partition`)
+    mr, ip = _tile_or_pad(I, most, I >= 2 * most)
     nr = vl * nvec
-    ip = -(-I // mr) * mr if I % mr else 0
     # at most I rows per tile: a tile of the padded rows then keeps its extent in `lower`'s bound inference
     tm = mr * _divisor_at_most((ip or I) // mr, max(1, min(TILE_M, I) // mr))
     tn = nr * _divisor_at_most(J // nr, max(1, TILE_N // nr))
@@ -688,16 +699,6 @@ def _gemm_plan(red_stage: Stage, target: Target, lanes: int) -> _Gemm | None:
     if kc and kc < 16:
         kc = 0
     return _Gemm(vl, nvec, mr, tm, tn, kc, _panel_width(red_stage, target, nr, K, J), jp, ip)
-
-
-def _rows_tile(I: int, cap: int) -> int:
-    """Micro-tile rows: the largest divisor of I of at most `cap`, or `cap` itself when that divisor is less than
-    half of it and I is at least 2 cap (a prime 251 rows: 8, not 1).  The reduction then runs over rows padded to
-    a multiple of it (`_Gemm.ip`, `steps.Pad`: its A loads clamped), so the micro-kernel has no tail guard and the
-    cache tiles divide the padded rows; the consumer's own tail guard is split off by the code generator
-    (`codegen.partition`)."""
-    d = _divisor_at_most(I, cap)
-    return cap if d < cap // 2 and I >= 2 * cap else d
 
 
 def _panel_width(red_stage: Stage, target: Target, nr: int, K: int, J: int) -> int:

@@ -33,10 +33,6 @@ ISAS = {"avx2": dataclasses.replace(_TWO, vector_bits=256), "avx512": dataclasse
 MR = {"avx2": 6, "avx512": 8}
 
 
-def _hlo(m: int, k: int, n: int) -> str:
-    return hlo(m, k, n)
-
-
 def _inputs(m, k, n, seed=0):
     rng = np.random.default_rng(seed)
     return (rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32),
@@ -49,7 +45,7 @@ def test_awkward_dense_matches_numpy(m, k, rest, isa):
     tgt = ISAS[isa]
     lanes = tgt.vector_bits // 32
     n = 2 * lanes * (2 + m % 3) - rest                    # just short of a multiple of the micro-tile width
-    model = load_model(_hlo(m, k, n))
+    model = load_model(hlo(m, k, n))
     (sg,) = model.frontend.subgraphs
     steps = default_schedule(sg.workload.compute, tgt)
     pads = {s.iter: s.extent for s in steps if isinstance(s, Pad)}
@@ -67,7 +63,7 @@ def test_awkward_dense_matches_numpy(m, k, rest, isa):
     kern(x, w, b, out)
     np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-4)
     if isa == "avx512" and LANES == 16:                  # the whole model, with the host's own plan
-        got = hlotune.compile(_hlo(m, k, n))(x, w, b)
+        got = hlotune.compile(hlo(m, k, n))(x, w, b)
         got = got[0] if isinstance(got, tuple | list) else got
         np.testing.assert_allclose(got, np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-4)
 
@@ -109,7 +105,7 @@ def test_gemm_panel_sketch_of_padded_rows_samples_compute_the_layer(isa):
 
     tgt = ISAS[isa]
     m, k, n = 61, 48, 509                                # 8 column panels of 64 for the 2 cores: the panel plan
-    (sg,) = load_model(_hlo(m, k, n)).frontend.subgraphs
+    (sg,) = load_model(hlo(m, k, n)).frontend.subgraphs
     cd = sg.workload.compute
     (sk,) = [s for s in generate_sketches(cd, tgt) if s.rules == ("gemm_panel",)]
     rows = next(h for h in sk.tiles if h.iter == "i0")
@@ -126,11 +122,6 @@ def test_gemm_panel_sketch_of_padded_rows_samples_compute_the_layer(isa):
         np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-4)
 
 
-def _hlo_t(m: int, k: int, n: int) -> str:
-    """relu(x @ w.T + b) with w stored [N, K] (PyTorch's layout)."""
-    return hlo(m, k, n, True)
-
-
 @pytest.mark.parametrize("isa", sorted(ISAS))
 @pytest.mark.parametrize("m, k, n, t", [(1, 512, 1000, False), (1, 384, 509, False), (1, 499, 300, False),
                                         (1, 512, 509, True),
@@ -145,7 +136,7 @@ def test_few_row_dots_match_numpy(m, k, n, t, isa):
     from hlotune.schedule_space.steps import Annotate, ComputeAt, RFactor
 
     tgt = ISAS[isa]
-    (sg,) = load_model(_hlo_t(m, k, n) if t else _hlo(m, k, n)).frontend.subgraphs
+    (sg,) = load_model(hlo(m, k, n, t)).frontend.subgraphs
     cd = sg.workload.compute
     steps = default_schedule(cd, tgt)
     rf = [s for s in steps if isinstance(s, RFactor)]
