@@ -52,7 +52,7 @@ def test_awkward_dense_matches_numpy(m, k, rest, isa):
     rows = [s.factors for s in steps if isinstance(s, Split) and s.iter == "i0" and s.factors[0] is not None]
     want = {"i1": -(-n // (2 * lanes)) * 2 * lanes}
     mr = MR[isa]
-    if max(d for d in range(1, mr + 1) if m % d == 0) < mr // 2:   # no good divisor (61, 67): a full micro-tile
+    if 2 * max(d for d in range(1, mr + 1) if m % d == 0) <= mr:   # no good divisor (61, 67): a full micro-tile
         assert (mr,) in rows, rows                                # (not 1 row) over rows padded to a multiple
         want["i0"] = -(-m // mr) * mr
     assert pads == want
