@@ -1,17 +1,20 @@
-"""Dense layers relu(x @ w + b) with awkward extents, default schedules, against numpy and JAX-jit in one run.
+"""Dense layers relu(x @ w + b) with awkward extents or a short reduction, default schedules, against numpy and
+JAX-jit in one run.
 
-    .venv/bin/python benchmarks/awkward_gemm.py [--shapes 251,784,509 1,4096,4096,t ...] [--before-rev REV]
-        [--rounds 5] [--jax-python .venv-bench/bin/python] [--no-jax]
+    .venv/bin/python benchmarks/awkward_gemm.py [--shapes 251,784,509 1,4096,4096,t 16/256,64,256 ...]
+        [--before-rev REV] [--rounds 5] [--jax-python .venv-bench/bin/python] [--no-jax]
 
 Shapes whose rows or columns have no good divisor (prime rows; columns that take no full two-vector micro-tile)
-beside one that divides (256x784x512), single rows (batch-1 inference: a GEMV), and weights stored [N, K] (shape
-suffix `,t`: x @ w.T, PyTorch's layout).  Per shape: JAX-jit in its own process (`jax_dense_side.py`), numpy in this
+beside one that divides (256x784x512), single rows (batch-1 inference: a GEMV), weights stored [N, K] (shape
+suffix `,t`: x @ w.T, PyTorch's layout), and batched layers with a short reduction (`B/M,K,N`: x[B, M, K] @
+w[B, K, N], as attention's scores and values with a head size of 64; `--shapes short` names those of
+SHORT_K_SHAPES).  Per shape: JAX-jit in its own process (`jax_dense_side.py`), numpy in this
 one, hlotune compiled with the working tree's default schedules ("after") and, with --before-rev, with
 `hlotune/schedule_space/default.py` at that revision ("before"; `gemm_check.load_before`, `compile_with`); every
 output checked against numpy.  The sides are timed in --rounds interleaved rounds (`gemm_check.time_side`), best
 median kept.  '% peak': GFLOP/s over numpy's 1024^3 float32 matmul rate measured at the start of the run.
 
-Map: hlo(m, k, n) / numpy_dense / jax_side(shapes, tmp, python) / main
+Map: parse_shape / hlo(m, k, n, t, batch) / numpy_dense / jax_side(shapes, tmp, python) / main
 """
 
 from __future__ import annotations
@@ -34,35 +37,46 @@ from gemm_check import compile_with, load_before, time_side  # noqa: E402
 SHAPES = ("256,784,512", "251,784,509", "250,784,500", "255,784,511", "1000,1000,1000", "100,1024,1000",
           "61,2048,997", "1,4096,4096", "1,4096,4099", "8,4096,4099", "1,4096,4096,t", "8,4096,4099,t",
           "4,1024,1000,t")
+#: batched layers with a short reduction (the column-panel GEMM's register panel, `default._register_panel`)
+SHORT_K_SHAPES = ("16/256,64,256", "16/256,64,256,t", "8/512,32,512", "16/256,16,256", "12/256,96,256",
+                  "8/256,128,256", "4/256,192,256", "16/255,64,256")
 
 
-def parse_shape(s: str) -> tuple[int, int, int, bool]:
-    """'M,K,N' or 'M,K,N,t' (w stored [N, K])."""
+def parse_shape(s: str) -> tuple[int, int, int, bool, int]:
+    """'[B/]M,K,N[,t]' -> (M, K, N, t, B): w stored [N, K] with t; B the batch (0: none)."""
+    batch, _, s = s.rpartition("/")
     parts = s.split(",")
-    return int(parts[0]), int(parts[1]), int(parts[2]), parts[3:] == ["t"]
+    return int(parts[0]), int(parts[1]), int(parts[2]), parts[3:] == ["t"], int(batch or 0)
 
 
-def hlo(m: int, k: int, n: int, t: bool = False) -> str:
-    """HLO text of relu(x @ w + b) (or x @ w.T with `t`) as JAX lowers it (dot, broadcast bias, add, max with 0)."""
-    w, rc = (f"f32[{n},{k}]", 1) if t else (f"f32[{k},{n}]", 0)
-    return f"""HloModule dense_{m}x{k}x{n}{'t' if t else ''}
+def hlo(m: int, k: int, n: int, t: bool = False, batch: int = 0) -> str:
+    """HLO text of relu(x @ w + b) (or x @ w.T with `t`) as JAX lowers it (dot, broadcast bias, add, max with 0);
+    with `batch`, x is [batch, m, k] and w [batch, k, n] (or [batch, n, k]): a batched dot."""
+    lead = [batch] if batch else []
+    dims = lambda *d: ",".join(map(str, lead + list(d)))   # noqa: E731
+    lay = lambda r: "{" + ",".join(map(str, range(r - 1, -1, -1))) + "}"   # noqa: E731
+    r = len(lead) + 2
+    w, rc = (f"f32[{dims(n, k)}]", len(lead) + 1) if t else (f"f32[{dims(k, n)}]", len(lead))
+    bd = "lhs_batch_dims={0}, rhs_batch_dims={0}, " if batch else ""
+    y = f"f32[{dims(m, n)}]"
+    return f"""HloModule dense_{batch or ''}{'x' if batch else ''}{m}x{k}x{n}{'t' if t else ''}
 
-ENTRY %main (x: f32[{m},{k}], w: {w}, b: f32[{n}]) -> f32[{m},{n}] {{
-  %x = f32[{m},{k}]{{1,0}} parameter(0)
-  %w = {w}{{1,0}} parameter(1)
-  %d = f32[{m},{n}]{{1,0}} dot(%x, %w), lhs_contracting_dims={{1}}, rhs_contracting_dims={{{rc}}}
+ENTRY %main (x: f32[{dims(m, k)}], w: {w}, b: f32[{n}]) -> {y} {{
+  %x = f32[{dims(m, k)}]{lay(r)} parameter(0)
+  %w = {w}{lay(r)} parameter(1)
+  %d = {y}{lay(r)} dot(%x, %w), {bd}lhs_contracting_dims={{{r - 1}}}, rhs_contracting_dims={{{rc}}}
   %b = f32[{n}]{{0}} parameter(2)
-  %bb = f32[{m},{n}]{{1,0}} broadcast(%b), dimensions={{1}}
-  %a = f32[{m},{n}]{{1,0}} add(%d, %bb)
+  %bb = {y}{lay(r)} broadcast(%b), dimensions={{{r - 1}}}
+  %a = {y}{lay(r)} add(%d, %bb)
   %z = f32[] constant(0)
-  %zb = f32[{m},{n}]{{1,0}} broadcast(%z), dimensions={{}}
-  ROOT %r = f32[{m},{n}]{{1,0}} maximum(%a, %zb)
+  %zb = {y}{lay(r)} broadcast(%z), dimensions={{}}
+  ROOT %r = {y}{lay(r)} maximum(%a, %zb)
 }}
 """
 
 
 def numpy_dense(x: np.ndarray, w: np.ndarray, b: np.ndarray, t: bool = False) -> np.ndarray:
-    return np.maximum(x @ (w.T if t else w) + b, 0)
+    return np.maximum(x @ (np.swapaxes(w, -1, -2) if t else w) + b, 0)
 
 
 def jax_side(shapes: list[str], tmp: Path, python: str) -> dict[str, float]:
@@ -87,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jax-python", default=str(REPO / ".venv-bench" / "bin" / "python"))
     ap.add_argument("--no-jax", action="store_true")
     a = ap.parse_args(argv)
+    if a.shapes == ["short"]:
+        a.shapes = list(SHORT_K_SHAPES)
     warm_malloc()
     t_start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     peak = measure_peaks(quick=True)["matmul_gflops"]["1024"]
@@ -96,24 +112,25 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="awkward-") as d:
         tmp = Path(d)
         for s in a.shapes:
-            m, k, n, t = parse_shape(s)
-            data[s] = (rng.standard_normal((m, k), dtype=np.float32),
-                       rng.standard_normal((n, k) if t else (k, n), dtype=np.float32),
+            m, k, n, t, bt = parse_shape(s)
+            lead = (bt,) if bt else ()
+            data[s] = (rng.standard_normal(lead + (m, k), dtype=np.float32),
+                       rng.standard_normal(lead + ((n, k) if t else (k, n)), dtype=np.float32),
                        rng.standard_normal(n, dtype=np.float32))
-            np.savez(tmp / f"{s.replace(',', '_')}.npz", x=data[s][0], w=data[s][1], b=data[s][2])
+            np.savez(tmp / f"{_tag(s)}.npz", x=data[s][0], w=data[s][1], b=data[s][2])
         jax_s = {} if a.no_jax else jax_side(a.shapes, tmp, a.jax_python)
-        jax_out = {s: np.load(tmp / f"{s.replace(',', '_')}.jax.npy") for s in jax_s}
-    head = ("| shape M x K x N | JAX ms (GFLOP/s) | numpy ms | before ms | hlotune ms | hlotune % peak | "
+        jax_out = {s: np.load(tmp / f"{_tag(s)}.jax.npy") for s in jax_s}
+    head = ("| shape [B x] M x K x N | JAX ms (GFLOP/s) | numpy ms | before ms | hlotune ms | hlotune % peak | "
             "after/before | vs numpy | vs JAX | check |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in a.shapes:
-        m, k, n, t = parse_shape(s)
+        m, k, n, t, bt = parse_shape(s)
         args = data[s]
-        flops = 2.0 * m * k * n
+        flops = 2.0 * max(1, bt) * m * k * n
         ref = numpy_dense(*args, t)
-        sides = {"numpy": lambda args=args, t=t: numpy_dense(*args, t), "after": compile_with(hlo(m, k, n, t))}
+        sides = {"numpy": lambda args=args, t=t: numpy_dense(*args, t), "after": compile_with(hlo(m, k, n, t, bt))}
         if before is not None:
-            sides["before"] = compile_with(hlo(m, k, n, t), before)
+            sides["before"] = compile_with(hlo(m, k, n, t, bt), before)
         ok = []
         for name in ("after", "before"):
             if name in sides:
@@ -134,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         before_cell = f"{ms['before']:.3f}" if "before" in ms else "-"
         before_ratio = f"{ms['before'] / aft:.2f}x" if "before" in ms else "-"
         jax_ratio = "-" if jx is None else f"{jx * 1e3 / aft:.2f}x"
+        label = f"{f'{bt} x ' if bt else ''}{m} x {k} x {n}{' (w as [N, K])' if t else ''}"
         lines.append(
-            f"| {m} x {k} x {n}{' (w as [N, K])' if t else ''} | {jax_cell} | {ms['numpy']:.3f} | {before_cell} | "
+            f"| {label} | {jax_cell} | {ms['numpy']:.3f} | {before_cell} | "
             f"{aft:.3f} ({flops / aft / 1e6:.0f} GFLOP/s) | {flops / aft / 1e6 / peak:.0%} | {before_ratio} | "
             f"{ms['numpy'] / aft:.2f}x | {jax_ratio} | {' '.join(ok)} |")
         print(lines[-1], flush=True)
@@ -143,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
           f"ratios: the other side's time over hlotune's (above 1: hlotune faster).")
     print("\n".join(lines))
     return 0
+
+
+def _tag(shape: str) -> str:
+    """The shape as a file name stem (`jax_dense_side.py` makes the same)."""
+    return shape.replace(",", "_").replace("/", "b")
 
 
 def _git_rev() -> str:

@@ -1,9 +1,10 @@
 """JAX-jit baseline for dense layers relu(x @ w + b) of given shapes; runs inside the side venv `.venv-bench`.
 
-    .venv-bench/bin/python benchmarks/jax_dense_side.py M,K,N[,t] [M,K,N[,t] ...] --inputs DIR
+    .venv-bench/bin/python benchmarks/jax_dense_side.py [B/]M,K,N[,t] [...] --inputs DIR
 
-Reads DIR/M_K_N[_t].npz (x, w, b; with t, w is [N, K] and the layer is x @ w.T), times the jitted layer on the
-CPU device by the shared QUICK rule with `block_until_ready`, writes DIR/M_K_N[_t].jax.npy (its output) and prints
+Reads DIR/[Bb]M_K_N[_t].npz (x, w, b; with t, w is [.., N, K] and the layer is x @ w.T; with B, x and w have a
+leading batch axis and the dot is batched), times the jitted layer on the
+CPU device by the shared QUICK rule with `block_until_ready`, writes DIR/[Bb]M_K_N[_t].jax.npy (its output) and prints
 one JSON object per shape.
 """
 
@@ -27,10 +28,10 @@ def main() -> int:
     import jax.numpy as jnp
 
     fn = jax.jit(lambda x, w, b: jnp.maximum(x @ w + b, 0.0))
-    fn_t = jax.jit(lambda x, w, b: jnp.maximum(x @ w.T + b, 0.0))
+    fn_t = jax.jit(lambda x, w, b: jnp.maximum(x @ jnp.swapaxes(w, -1, -2) + b, 0.0))
     cpu = jax.devices("cpu")[0]
     for shape in a.shapes:
-        tag = shape.replace(",", "_")
+        tag = shape.replace(",", "_").replace("/", "b")
         d = np.load(Path(a.inputs) / f"{tag}.npz")
         args = [jax.device_put(d[k], cpu) for k in ("x", "w", "b")]
         f = fn_t if shape.endswith(",t") else fn
