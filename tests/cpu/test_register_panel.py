@@ -115,3 +115,14 @@ def test_small_batched_layers_match_numpy(b, m, k, n):
     for tgt in ISAS.values():
         cd = _compute(b, m, k, n)
         _run(cd, default_schedule(cd, tgt), tgt, b, m, k, n, seed=b + m)
+
+
+def test_fuzzed_batched_layers():
+    """`benchmarks/fuzz_dense_shapes.py --max-batch` at a small count: random batched layers against numpy with the
+    host's own plans (the register panel among them on an AVX-512 host)."""
+    from fuzz_dense_shapes import fuzz
+
+    n, failures, plans = fuzz(16, 11, (40, 160, 300, 4))
+    assert n == 16 and not failures, failures
+    if Target.host_cpu().vector_bits >= 512:
+        assert any(p.startswith("register panel") for p in plans), plans
