@@ -703,26 +703,32 @@ def _gemm_plan(red_stage: Stage, target: Target, lanes: int) -> _Gemm | None:
     if kc and kc < 16:
         kc = 0
     plan = _Gemm(vl, nvec, mr, tm, tn, kc, _panel_width(red_stage, target, nr, K, J), jp, ip)
-    return _register_panel(plan, I, K, regs, l1) if plan.panel and not (padded or jp) else plan
+    if padded or jp or not (plan.panel or _padding_ok(red_stage)):
+        return plan
+    return _register_panel(plan, I, J, K, regs, l1)
 
 
-def _register_panel(plan: _Gemm, I: int, K: int, regs: int, l1: int) -> _Gemm:
-    """The column-panel plan with a wider micro-tile and one micro-tile row per cache tile (tm = mr), on targets with
-    32 vector registers: REGISTER_PANEL_VECS[0] vectors (2 x 128 columns with 16 lanes) when the packed slab of B they
-    read (K x nr floats) fits REGISTER_PANEL_L1 of L1, else REGISTER_PANEL_VECS[1] (64 columns, up to 6 rows), each
-    only where it divides the panel; the plan as it is elsewhere.  The accumulators of a cache tile then stay in
-    registers over the whole reduction (a 2 x 128 tile is all of the cache tile) instead of going through an L1
-    copy per micro-tile: measured on the 2-core AVX-512 + AMX VM (`benchmarks/gemm_shapes.py`), batched GEMMs with
-    K = 16-64 1.5-2.4x, K = 96-192 1.15-1.3x, 1024^3 1.06x.  With 16 registers (AVX2) the plan is unchanged."""
+def _register_panel(plan: _Gemm, I: int, J: int, K: int, regs: int, l1: int) -> _Gemm:
+    """A packed GEMM's plan with a wider micro-tile and a cache tile of one micro-tile row (tm = mr), on targets with
+    32 vector registers.  The column-panel plan: REGISTER_PANEL_VECS[0] vectors (2 x 128 with 16 lanes) when the
+    packed slab of B they read (K x nr floats) fits REGISTER_PANEL_L1 of L1, else REGISTER_PANEL_VECS[1] (64 columns,
+    up to 6 rows), each only where it divides the panel.  The tile plan (B packed once, shared): the narrower one,
+    over a cache tile of one micro-tile (tn = nr), where it divides the columns.  The plan as it is elsewhere.  The
+    accumulators of a cache tile then stay in registers over the whole reduction (a 2 x 128 tile is all of the
+    cache tile) instead of going through an L1 copy per micro-tile.  Measured on the 2-core AVX-512 + AMX VM
+    (`benchmarks/awkward_gemm.py --shapes short`, docs/benchmarks.md): batched GEMMs with K = 16-64 1.25-1.8x,
+    K = 96-192 1.1-1.2x, 1024^3 1.07x; the tile plan 1.04-1.31x (dense layers with K = 64-1024 and B shared).  With
+    16 registers (AVX2) the plan is unchanged."""
     if regs < 32 or plan.nvec != 2:
         return plan
     for nvec in REGISTER_PANEL_VECS:
         nr = plan.vl * nvec
-        if plan.panel % nr or (nvec == REGISTER_PANEL_VECS[0] and K * nr * 4 > l1 * REGISTER_PANEL_L1):
+        wide = nvec == REGISTER_PANEL_VECS[0]
+        if (plan.panel or J) % nr or (wide and (not plan.panel or K * nr * 4 > l1 * REGISTER_PANEL_L1)):
             continue
         most = min(MAX_MR, (regs - nvec - 2) // nvec)
         mr, ip = _tile_or_pad(I, most, I >= 2 * most)
-        return replace(plan, nvec=nvec, mr=mr, tm=mr, tn=nr * max(1, plan.tn // nr), ip=ip)
+        return replace(plan, nvec=nvec, mr=mr, tm=mr, tn=nr * max(1, plan.tn // nr) if plan.panel else nr, ip=ip)
     return plan
 
 

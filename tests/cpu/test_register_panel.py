@@ -1,7 +1,8 @@
-"""The column-panel GEMM's register panel (`default._register_panel`): with 32 vector registers, a cache tile of one
-micro-tile row whose micro-tile is 8 vectors wide (2 x 128 with 16 lanes) when the packed slab of B it reads fits in
-L1 (a short reduction), else 4 vectors wide (64 columns, up to 6 rows); unchanged with 16 registers, padded
-columns or a padded convolution.  Compiled at both vector widths with 2 cores whatever the host (LLVM splits
+"""The packed GEMM's register panel (`default._register_panel`): with 32 vector registers, a cache tile of one
+micro-tile row whose micro-tile is 8 vectors wide (2 x 128 with 16 lanes) when the column-panel plan's packed slab of
+B fits in L1 (a short reduction), else 4 vectors wide (64 columns, up to 6 rows; the tile plan, B packed once and
+shared, always so, over a cache tile of one micro-tile); unchanged with 16 registers, padded columns or a padded
+convolution.  Compiled at both vector widths with 2 cores whatever the host (LLVM splits
 512-bit vectors on an AVX2 host) and compared to numpy."""
 
 from __future__ import annotations
@@ -77,7 +78,22 @@ def test_register_panel_plan_and_results(b, m, k, n, t, nvec, mr):
     _run(cd, steps, tgt, b, m, k, n, t)
 
 
-@pytest.mark.parametrize("b, m, k, n", [(16, 256, 64, 256), (4, 256, 128, 256)])
+@pytest.mark.parametrize("m, k, n", [(4096, 64, 256), (1024, 512, 256)])
+def test_tile_plan_takes_the_narrow_register_panel(m, k, n):
+    """A dense layer with too few column panels for the cores (B packed once, shared by the row tiles): a 4 x 64
+    micro-tile that is the whole cache tile (the 2 x 128 one measured 0.85x here)."""
+    tgt = ISAS["avx512"]
+    cd = _compute(0, m, k, n)
+    plan = _plan(cd, tgt)
+    assert not plan.panel and (plan.nvec, plan.mr, plan.tm, plan.tn) == (4, 4, 4, 64)
+    steps = default_schedule(cd, tgt)
+    dot = _dot(cd).name
+    assert Split(dot, "i1", (4, 16)) in steps and [p.factor for p in steps if isinstance(p, Pack)] == [64]
+    assert f"alloc {dot}: f32[4,64] in local" in str(lower(cd, steps))
+    _run(cd, steps, tgt, 0, m, k, n)
+
+
+@pytest.mark.parametrize("b, m, k, n", [(16, 256, 64, 256), (4, 256, 128, 256), (0, 1024, 64, 256)])
 def test_avx2_plan_unchanged(b, m, k, n):
     """16 registers: the plan keeps its 2-vector micro-tile and its cache tile of several micro-tile rows."""
     tgt = ISAS["avx2"]
