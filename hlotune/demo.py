@@ -11,8 +11,12 @@
    (so both see the same machine load) and print both times and the speedup.
 
 Why batch_matmul: one subgraph (the whole budget goes to it; a candidate takes a fraction of a second to
-time), whose default blocking leaves room: two minutes of tuning take it from about 0.57 to 0.42-0.45 ms on
-the 2-core dev VM (about 1.3x, re-measured in the same process).  relu_chain, the demo model until session 14,
+time), whose default blocking left room: two minutes of tuning took it from about 0.57 to 0.42-0.45 ms on
+the 2-core dev VM (about 1.3x, re-measured in the same process).  Since session 46 its default on AVX-512
+hosts is the register panel the search used to find (0.30 ms), so there the run stops early ("no improvement
+in 256 trials") and prints about 1.0x; on 16-register (AVX2) hosts the default still leaves room.  No other
+bundled model gained more in a one-minute trial on that host (conv2d_bias_relu 1.00x, mlp_train_step 1.13x
+estimated, 1.01x timed).  relu_chain, the demo model until session 14,
 runs at memory bandwidth with its default schedule since the non-temporal stores (tuning gains about 1.02x);
 the big dense GEMMs (`--model matmul`, `dense_bias_relu`) have defaults near the top of the search space, and
 a model with many subgraphs (`--model transformer_block`) needs far more than two minutes to gain much.  The
