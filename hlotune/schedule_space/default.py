@@ -67,8 +67,8 @@ MAX_MR_PADDED = 4   # rows whose A loads are masked (padded convolutions): measu
 PAD_GAIN = 1.75
 TILE_M = 64
 TILE_N = 64
-#: the column-panel plan's wider micro-tiles (`_register_panel`): vectors per micro-tile row, the widest first, and
-#: the share of L1 the widest one's packed slab of B (K x nr floats) may take
+#: the packed GEMM's wider micro-tiles (`_register_panel`): vectors per micro-tile row, the widest first (the
+#: column-panel plan only), and the share of L1 the widest one's packed slab of B (K x nr floats) may take
 REGISTER_PANEL_VECS = (8, 4)
 REGISTER_PANEL_L1 = 2 / 3
 #: vector accumulators of a full reduction (hide the latency of the adds)
@@ -703,12 +703,13 @@ def _gemm_plan(red_stage: Stage, target: Target, lanes: int) -> _Gemm | None:
     if kc and kc < 16:
         kc = 0
     plan = _Gemm(vl, nvec, mr, tm, tn, kc, _panel_width(red_stage, target, nr, K, J), jp, ip)
-    if padded or jp or not (plan.panel or _padding_ok(red_stage)):
+    if padded or jp or not _padding_ok(red_stage):   # B packed (`_gemm`), its columns not padded
         return plan
-    return _register_panel(plan, I, J, K, regs, l1)
+    panel = plan.panel if _work(red_stage) >= PARALLEL_MIN_WORK else 0   # `_gemm` takes the panel plan only then
+    return _register_panel(plan, panel, I, J, K, regs, l1)
 
 
-def _register_panel(plan: _Gemm, I: int, J: int, K: int, regs: int, l1: int) -> _Gemm:
+def _register_panel(plan: _Gemm, panel: int, I: int, J: int, K: int, regs: int, l1: int) -> _Gemm:
     """A packed GEMM's plan with a wider micro-tile and a cache tile of one micro-tile row (tm = mr), on targets with
     32 vector registers.  The column-panel plan: REGISTER_PANEL_VECS[0] vectors (2 x 128 with 16 lanes) when the
     packed slab of B they read (K x nr floats) fits REGISTER_PANEL_L1 of L1, else REGISTER_PANEL_VECS[1] (64 columns,
@@ -717,18 +718,18 @@ def _register_panel(plan: _Gemm, I: int, J: int, K: int, regs: int, l1: int) -> 
     accumulators of a cache tile then stay in registers over the whole reduction (a 2 x 128 tile is all of the
     cache tile) instead of going through an L1 copy per micro-tile.  Measured on the 2-core AVX-512 + AMX VM
     (`benchmarks/awkward_gemm.py --shapes short`, docs/benchmarks.md): batched GEMMs with K = 16-64 1.25-1.8x,
-    K = 96-192 1.1-1.2x, 1024^3 1.07x; the tile plan 1.04-1.31x (dense layers with K = 64-1024 and B shared).  With
-    16 registers (AVX2) the plan is unchanged."""
+    K = 96-192 1.1-1.2x, 1024^3 1.07x; the tile plan 1.04-1.19x (dense layers with K = 64-1024).  With 16 registers
+    (AVX2) the plan is unchanged.  `panel`: the plan's panel where `_gemm` will take the column-panel plan, else 0."""
     if regs < 32 or plan.nvec != 2:
         return plan
     for nvec in REGISTER_PANEL_VECS:
         nr = plan.vl * nvec
         wide = nvec == REGISTER_PANEL_VECS[0]
-        if (plan.panel or J) % nr or (wide and (not plan.panel or K * nr * 4 > l1 * REGISTER_PANEL_L1)):
+        if (panel or J) % nr or (wide and (not panel or K * nr * 4 > l1 * REGISTER_PANEL_L1)):
             continue
         most = min(MAX_MR, (regs - nvec - 2) // nvec)
         mr, ip = _tile_or_pad(I, most, I >= 2 * most)
-        return replace(plan, nvec=nvec, mr=mr, tm=mr, tn=nr * max(1, plan.tn // nr) if plan.panel else nr, ip=ip)
+        return replace(plan, nvec=nvec, mr=mr, tm=mr, tn=nr * max(1, plan.tn // nr) if panel else nr, ip=ip)
     return plan
 
 

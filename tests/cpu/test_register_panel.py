@@ -142,3 +142,13 @@ def test_fuzzed_batched_layers():
     assert n == 16 and not failures, failures
     if Target.host_cpu().vector_bits >= 512:
         assert any(p.startswith("register panel") for p in plans), plans
+
+
+def test_serial_gemm_with_panels_takes_the_tile_rule():
+    """Too little work for threads: `_gemm` runs the tile plan even where the plan has column panels, so the plan
+    takes the tile plan's narrow register panel (the 2 x 128 tile measured 0.84x there), not the panel plan's."""
+    tgt = ISAS["avx512"]
+    cd = _compute(8, 16, 2, 128)
+    plan = _plan(cd, tgt)
+    assert plan.panel and (plan.nvec, plan.tm, plan.tn) == (4, 4, 64)
+    _run(cd, default_schedule(cd, tgt), tgt, 8, 16, 2, 128)
