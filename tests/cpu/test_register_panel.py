@@ -120,9 +120,8 @@ def test_gemm_sketch_row_hole_over_the_new_tile():
     plan = _plan(cd, tgt)
     row = next(h for h in holes if h[1] == 256)
     filled = list(steps)
-    for k_, _extent, _most in holes:
-        s = filled[k_]
-        filled[k_] = dataclasses.replace(s, factors=(plan.tm if k_ == row[0] else plan.kc or 64,))
+    for k_, extent, _most in holes:   # the row tile, and the k block (all of k when the plan does not block it)
+        filled[k_] = dataclasses.replace(filled[k_], factors=(plan.tm if k_ == row[0] else plan.kc or extent,))
     assert filled == default_schedule(cd, tgt)
 
 
