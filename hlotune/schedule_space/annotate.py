@@ -537,9 +537,10 @@ def realize(sketch: Sketch, decisions: Decisions, rng=None, workload_key: str | 
 def default_like(sketch: Sketch, rng=0) -> Schedule | None:
     """The schedule of `sketch` closest to the default schedule's GEMM blocking (`default._gemm_plan`), for a
     tile_fuse@1 / cache_write@1 sketch of a dot-like stage: row tiles (1, tm/mr, mr), column tiles (1, tn/nr,
-    nr), batch tiles 1, the longest reduce axis blocked by kc (others outside), B packed into nr-wide panels,
-    the consumer's tile loops fused and parallel, vector lanes vl on both stages and auto-unroll 64 (which
-    unrolls the mr x nr/vl micro-tile but not the k loop around it). Other decisions are drawn from `rng`. The
+    nr) (nr halved while above the sketch's innermost limit: the register panel's 2 x 128 tile), batch tiles 1,
+    the longest reduce axis blocked by kc (others outside), B packed into nr-wide panels, the consumer's tile
+    loops fused and parallel, vector lanes vl on both stages and auto-unroll 64 (which unrolls the mr x nr/vl
+    micro-tile but not the k loop around it). Other decisions are drawn from `rng`. The
     search starts from it, so tuning explores the neighbourhood of the default (tile sizes, k-blocking, packing)
     instead of having to find that point at random. None for other sketches or when the default is no GEMM."""
     from .default import _gemm_plan, _inner_reduce
@@ -556,7 +557,11 @@ def default_like(sketch: Sketch, rng=0) -> Schedule | None:
         return None
     *batch, ax_i, ax_j = op.axes
     inner = _inner_reduce(op)
-    want = {ax_i.name: (1, plan.tm // plan.mr, plan.mr), ax_j.name: (1, plan.tn // plan.nr, plan.nr),
+    hole_j = next((h for h in sketch.tiles if h.iter == ax_j.name), None)
+    nr = plan.nr
+    while hole_j is not None and nr > hole_j.max_innermost and nr % (2 * plan.vl) == 0:
+        nr //= 2   # the register panel's 128-wide tile: two 64-wide ones (a sketch's innermost is at most 64)
+    want = {ax_i.name: (1, plan.tm // plan.mr, plan.mr), ax_j.name: (1, max(1, plan.tn // nr), nr),
             inner.name: (plan.kc or inner.extent,)}
     tiles = []
     for h in sketch.tiles:

@@ -151,3 +151,19 @@ def test_serial_gemm_with_panels_takes_the_tile_rule():
     plan = _plan(cd, tgt)
     assert plan.panel and (plan.nvec, plan.tm, plan.tn) == (4, 4, 64)
     _run(cd, default_schedule(cd, tgt), tgt, 8, 16, 2, 128)
+
+
+def test_ansor_sketch_seed_splits_the_wide_tile():
+    """The multi-level tiling sketches' default-like seed (`annotate.default_like`) follows the plan, but a sketch's
+    innermost tile is at most 64: the 2 x 128 tile becomes two 64-wide ones (without that the seed was dropped)."""
+    from hlotune.schedule_space.annotate import decisions_of
+    from hlotune.schedule_space.task import Task
+    from hlotune.search.space import TaskSpace
+
+    tgt = ISAS["avx512"]
+    (sg,) = load_model(hlo(1024, 64, 1024)).frontend.subgraphs
+    assert _plan(sg.workload.compute, tgt).nr == 128
+    space = TaskSpace(Task(sg.workload.key, sg.workload.compute, tgt, 1, "dense", float(sg.workload.flops)))
+    assert space.seeds
+    tiles = [decisions_of(space.sketch_of(s), s).tiles for s in space.seeds]
+    assert all((1, 2, 64) in t and (1, 1, 2) in t for t in tiles), tiles
