@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import REPO, compare, measure_peaks, warm_malloc  # noqa: E402
+from common import REPO, compare, measure_peaks, shape_tag, warm_malloc  # noqa: E402
 from gemm_check import compile_with, load_before, time_side  # noqa: E402
 
 SHAPES = ("256,784,512", "251,784,509", "250,784,500", "255,784,511", "1000,1000,1000", "100,1024,1000",
@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
             data[s] = (rng.standard_normal(lead + (m, k), dtype=np.float32),
                        rng.standard_normal(lead + ((n, k) if t else (k, n)), dtype=np.float32),
                        rng.standard_normal(n, dtype=np.float32))
-            np.savez(tmp / f"{_tag(s)}.npz", x=data[s][0], w=data[s][1], b=data[s][2])
+            np.savez(tmp / f"{shape_tag(s)}.npz", x=data[s][0], w=data[s][1], b=data[s][2])
         jax_s = {} if a.no_jax else jax_side(a.shapes, tmp, a.jax_python)
-        jax_out = {s: np.load(tmp / f"{_tag(s)}.jax.npy") for s in jax_s}
+        jax_out = {s: np.load(tmp / f"{shape_tag(s)}.jax.npy") for s in jax_s}
     head = ("| shape [B x] M x K x N | JAX ms (GFLOP/s) | numpy ms | before ms | hlotune ms | hlotune % peak | "
             "after/before | vs numpy | vs JAX | check |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -161,11 +161,6 @@ def main(argv: list[str] | None = None) -> int:
           f"ratios: the other side's time over hlotune's (above 1: hlotune faster).")
     print("\n".join(lines))
     return 0
-
-
-def _tag(shape: str) -> str:
-    """The shape as a file name stem (`jax_dense_side.py` makes the same)."""
-    return shape.replace(",", "_").replace("/", "b")
 
 
 def _git_rev() -> str:

@@ -5,6 +5,7 @@ Map:
   REPO, MANIFEST, load_manifest()          the fixture models and their bench sizes
   bench_inputs(name, entry)                 deterministic random inputs at bench size
   Timer / time_calls(fn, rule)              warm-up, then repeats until a count and a duration; median, spread
+  shape_tag(shape)                          a dense-layer shape of awkward_gemm.py as a file name stem
   compare(outs, refs)                       max abs error and the pass/fail rule against a reference
   warm_malloc()                             glibc: keep freed big buffers (same setting on every side)
   replace_section(text, body, start, end)   rewrite only the marked part of a markdown file
@@ -130,6 +131,11 @@ def time_calls(fn: Callable[[], object], rule: TimingRule = FULL) -> Timing:
 
 
 # ---- correctness ---------------------------------------------------------------------------------
+
+def shape_tag(shape: str) -> str:
+    """A dense-layer shape of `awkward_gemm.py` ('[B/]M,K,N[,t]') as a file name stem (its JAX side reads the same)."""
+    return shape.replace(",", "_").replace("/", "b")
+
 
 def compare(outs: Sequence[np.ndarray], refs: Sequence[np.ndarray]) -> dict:
     """Max abs error, max error relative to max|ref| (per output, worst taken) and pass/fail by RTOL/ATOL."""

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from common import QUICK, time_calls
+from common import QUICK, shape_tag, time_calls
 
 
 def main() -> int:
@@ -31,7 +31,7 @@ def main() -> int:
     fn_t = jax.jit(lambda x, w, b: jnp.maximum(x @ jnp.swapaxes(w, -1, -2) + b, 0.0))
     cpu = jax.devices("cpu")[0]
     for shape in a.shapes:
-        tag = shape.replace(",", "_").replace("/", "b")
+        tag = shape_tag(shape)
         d = np.load(Path(a.inputs) / f"{tag}.npz")
         args = [jax.device_put(d[k], cpu) for k in ("x", "w", "b")]
         f = fn_t if shape.endswith(",t") else fn

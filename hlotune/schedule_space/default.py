@@ -687,11 +687,7 @@ def _gemm_plan(red_stage: Stage, target: Target, lanes: int) -> _Gemm | None:
     J = jp or ax_j.extent
     regs = 32 if target.vector_bits >= 512 else 16
     padded = any(isinstance(e, Select) for e in walk(red_stage.body))   # conv with padding: masked A loads
-    most = min(MAX_MR_PADDED if padded else MAX_MR, (regs - nvec - 2) // nvec)
-    # rows with no divisor above half the micro-tile (251): the full tile over rows padded to a multiple of it (the
-    # reduction's A loads clamped, `steps.Pad`), so the micro-kernel has no tail guard; the consumer's own tail
-    # guard is split off by the code generator (`codegen.partition`)
-    mr, ip = _tile_or_pad(I, most, I >= 2 * most)
+    mr, ip = _micro_rows(I, nvec, regs, padded)
     nr = vl * nvec
     # at most I rows per tile: a tile of the padded rows then keeps its extent in `lower`'s bound inference
     tm = mr * _divisor_at_most((ip or I) // mr, max(1, min(TILE_M, I) // mr))
@@ -705,11 +701,20 @@ def _gemm_plan(red_stage: Stage, target: Target, lanes: int) -> _Gemm | None:
     plan = _Gemm(vl, nvec, mr, tm, tn, kc, _panel_width(red_stage, target, nr, K, J), jp, ip)
     if padded or jp or not _padding_ok(red_stage):   # B packed (`_gemm`), its columns not padded
         return plan
-    panel = plan.panel if _work(red_stage) >= PARALLEL_MIN_WORK else 0   # `_gemm` takes the panel plan only then
-    return _register_panel(plan, panel, I, J, K, regs, l1)
+    return _register_panel(plan, I, J, K, regs, l1)
 
 
-def _register_panel(plan: _Gemm, panel: int, I: int, J: int, K: int, regs: int, l1: int) -> _Gemm:
+def _micro_rows(I: int, nvec: int, regs: int, padded: bool = False) -> tuple[int, int]:
+    """(micro-tile rows, padded rows or 0) for `nvec` vectors per row: as many rows as the vector registers hold
+    (mr x nvec accumulators, nvec B vectors and a broadcast), at most MAX_MR (MAX_MR_PADDED with masked A loads).
+    Rows with no divisor above half of that (251) take the full tile over rows padded to a multiple of it (the
+    reduction's A loads clamped, `steps.Pad`), so the micro-kernel has no tail guard; the consumer's own tail guard
+    is split off by the code generator (`codegen.partition`)."""
+    most = min(MAX_MR_PADDED if padded else MAX_MR, (regs - nvec - 2) // nvec)
+    return _tile_or_pad(I, most, I >= 2 * most)
+
+
+def _register_panel(plan: _Gemm, I: int, J: int, K: int, regs: int, l1: int) -> _Gemm:
     """A packed GEMM's plan with a wider micro-tile and a cache tile of one micro-tile row (tm = mr), on targets with
     32 vector registers.  The column-panel plan: REGISTER_PANEL_VECS[0] vectors (2 x 128 with 16 lanes) when the
     packed slab of B they read (K x nr floats) fits REGISTER_PANEL_L1 of L1, else REGISTER_PANEL_VECS[1] (64 columns,
@@ -719,16 +724,16 @@ def _register_panel(plan: _Gemm, panel: int, I: int, J: int, K: int, regs: int, 
     cache tile) instead of going through an L1 copy per micro-tile.  Measured on the 2-core AVX-512 + AMX VM
     (`benchmarks/awkward_gemm.py --shapes short`, docs/benchmarks.md): batched GEMMs with K = 16-64 1.25-1.8x,
     K = 96-192 1.1-1.2x, 1024^3 1.07x; the tile plan 1.04-1.19x (dense layers with K = 64-1024).  With 16 registers
-    (AVX2) the plan is unchanged.  `panel`: the plan's panel where `_gemm` will take the column-panel plan, else 0."""
+    (AVX2) the plan is unchanged."""
     if regs < 32 or plan.nvec != 2:
         return plan
+    panel = plan.panel
     for nvec in REGISTER_PANEL_VECS:
         nr = plan.vl * nvec
         wide = nvec == REGISTER_PANEL_VECS[0]
         if (panel or J) % nr or (wide and (not panel or K * nr * 4 > l1 * REGISTER_PANEL_L1)):
             continue
-        most = min(MAX_MR, (regs - nvec - 2) // nvec)
-        mr, ip = _tile_or_pad(I, most, I >= 2 * most)
+        mr, ip = _micro_rows(I, nvec, regs)
         return replace(plan, nvec=nvec, mr=mr, tm=mr, tn=nr * max(1, plan.tn // nr) if panel else nr, ip=ip)
     return plan
 
@@ -737,12 +742,13 @@ def _panel_width(red_stage: Stage, target: Target, nr: int, K: int, J: int) -> i
     """Columns per parallel task of the column-panel plan: the widest multiple (2 or more) of nr dividing the last
     space axis, at most PANEL_N, whose packed B panel (K x width floats) fits PANEL_BYTES, that still gives every core
     PANEL_TASKS_PER_CORE tasks (tasks: panels times the batch axes); 0 when none does (too few columns for the
-    cores) or when B is shared by a batch axis: then the tasks are tiles of rows and columns, B packed once
-    before.  Measured on 1 core (CPU time, 2-core AVX-512 VM): matmul 1024^3 1.07-1.13x the tile plan,
-    dense_bias_relu 1.12-1.16x, the attention dots of transformer_block 1.05-1.14x; its projections (B shared
-    by the batch) 0.97-0.98x and a [784,256]x[256,256] dot with one-panel tasks 0.86x, hence the exclusions."""
+    cores), when B is shared by a batch axis (then the tasks are tiles of rows and columns, B packed once
+    before) or when the stage has too little work for threads (`PARALLEL_MIN_WORK`: the tile plan, serial).
+    Measured on 1 core (CPU time, 2-core AVX-512 VM): matmul 1024^3 1.07-1.13x the tile plan, dense_bias_relu
+    1.12-1.16x, the attention dots of transformer_block 1.05-1.14x; its projections (B shared by the batch)
+    0.97-0.98x and a [784,256]x[256,256] dot with one-panel tasks 0.86x, hence the exclusions."""
     b = _b_operand(red_stage)
-    if b is None:
+    if b is None or _work(red_stage) < PARALLEL_MIN_WORK:
         return 0
     used = {x.name for i in b[0].indices for x in walk(i) if isinstance(x, Var)}
     *batch, _, _ = red_stage.axes
@@ -817,7 +823,7 @@ def _gemm(cd: ComputeDef, out: str, red: str, red_stage: Stage, target: Target, 
     *batch, ax_i, ax_j = red_stage.axes
     i, j = ax_i.name, ax_j.name
     par = _work(red_stage) >= PARALLEL_MIN_WORK
-    panel = plan.panel if packable and par else 0
+    panel = plan.panel if packable else 0   # `_panel_width`: 0 without the work for threads
     steps: list[Step] = []
     pk = None
     if packable:

@@ -143,13 +143,14 @@ def test_fuzzed_batched_layers():
         assert any(p.startswith("register panel") for p in plans), plans
 
 
-def test_serial_gemm_with_panels_takes_the_tile_rule():
-    """Too little work for threads: `_gemm` runs the tile plan even where the plan has column panels, so the plan
-    takes the tile plan's narrow register panel (the 2 x 128 tile measured 0.84x there), not the panel plan's."""
+def test_serial_gemm_takes_the_tile_rule():
+    """Too little work for threads: enough columns for 8 panels, but no column-panel plan (`_panel_width` is 0: the
+    serial tile plan), so the tile plan's narrow register panel (the 2 x 128 tile measured 0.84x there)."""
     tgt = ISAS["avx512"]
     cd = _compute(8, 16, 2, 128)
     plan = _plan(cd, tgt)
-    assert plan.panel and (plan.nvec, plan.tm, plan.tn) == (4, 4, 64)
+    assert D._work(_dot(cd)) < D.PARALLEL_MIN_WORK
+    assert not plan.panel and (plan.nvec, plan.tm, plan.tn) == (4, 4, 64)
     _run(cd, default_schedule(cd, tgt), tgt, 8, 16, 2, 128)
 
 
