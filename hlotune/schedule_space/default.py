@@ -71,6 +71,18 @@ TILE_N = 64
 #: column-panel plan only), and the share of L1 the widest one's packed slab of B (K x nr floats) may take
 REGISTER_PANEL_VECS = (8, 4)
 REGISTER_PANEL_L1 = 2 / 3
+#: a GEMM whose columns the plan would pad (B packed and padded in a pass of its own) reads B unpacked instead, with
+#: two-vector micro-tiles over the whole reduction and cache tiles of UNPACKED_TILE_M rows x one micro-tile, when B
+#: is contiguous along the columns, the target has 32 vector registers and the K x nr panel of B a tile reads fits
+#: UNPACKED_L1 of L1 (`_unpacked_short_k`): at 256 rows the copy of B costs a fifth of the GEMM.  Measured on the
+#: 2-core AVX-512 VM (docs/benchmarks.md, CPU "unpacked B for short reductions"): K = 64-256, 48-1024 rows, 500,
+#: 784 and 1000 columns, compiled whole, 1.13-1.50x the padded plan on 8 of 10 shapes and ties on the others (the
+#: kernels alone 1.01-1.60x; mlp_grad_dot_9's [256,256]^T x [256,784] 0.314 -> 0.271 ms).  With many
+#: rows the pack pays for itself (its cost is 1/M of the GEMM's): rows x K at most UNPACKED_MAX_ROWS_K (1024 x 256 x
+#: 784 measured 0.96x in the compiled model, 512 x 256 x 784 and 1024 x 128 x 500 1.04x and 1.28x)
+UNPACKED_TILE_M = 16
+UNPACKED_L1 = 2 / 3
+UNPACKED_MAX_ROWS_K = 1 << 17
 #: vector accumulators of a full reduction (hide the latency of the adds)
 REDUCE_VECS = 4
 #: row reductions (see `_row_reduction`): a narrower vector when a row has fewer than this many vectors, and
@@ -666,6 +678,7 @@ class _Gemm:
     panel: int = 0  # columns of B one parallel task packs and owns (the column-panel plan; 0: not used)
     jp: int = 0    # the columns padded to this extent (`_gemm_width`; 0: not padded)
     ip: int = 0    # the rows padded to this extent, a multiple of mr (`_tile_or_pad`; 0: not padded)
+    unpacked: bool = False   # B read as it is, never packed (`_unpacked_short_k`)
 
     @property
     def nr(self) -> int:
@@ -699,9 +712,22 @@ def _gemm_plan(red_stage: Stage, target: Target, lanes: int) -> _Gemm | None:
     if kc and kc < 16:
         kc = 0
     plan = _Gemm(vl, nvec, mr, tm, tn, kc, _panel_width(red_stage, target, nr, K, J), jp, ip)
+    if jp and not padded and _unpacked_short_k(red_stage, I, K, nr, regs, l1):
+        return _Gemm(vl, nvec, MAX_MR, UNPACKED_TILE_M, nr, 0, unpacked=True)
     if padded or jp or not _padding_ok(red_stage):   # B packed (`_gemm`), its columns not padded
         return plan
     return _register_panel(plan, I, J, K, regs, l1)
+
+
+def _unpacked_short_k(red_stage: Stage, I: int, K: int, nr: int, regs: int, l1: int) -> bool:
+    """Whether a GEMM whose plan pads its columns reads B unpacked instead: 32 vector registers, B contiguous
+    along the columns, rows a multiple of UNPACKED_TILE_M (and of MAX_MR), rows x K at most UNPACKED_MAX_ROWS_K and a
+    K x nr panel of B within UNPACKED_L1 of L1.  Its last column tile overlaps the one before where nr does not
+    divide the columns (`lower`: a region at a tile of its consumer keeps its extent), so no tail guard runs in the
+    micro-kernel."""
+    b = _b_reuse(red_stage)
+    return (regs >= 32 and b is not None and b[0] and I % UNPACKED_TILE_M == 0 and UNPACKED_TILE_M % MAX_MR == 0
+            and I * K <= UNPACKED_MAX_ROWS_K and K * nr * 4 <= l1 * UNPACKED_L1)
 
 
 def _micro_rows(I: int, nvec: int, regs: int, padded: bool = False) -> tuple[int, int]:
@@ -816,8 +842,9 @@ def _gemm(cd: ComputeDef, out: str, red: str, red_stage: Stage, target: Target, 
         return None
     load, p, q = b
     nr = plan.nr
-    packable = plan.jp > 0 or (load.buffer not in (red_stage.name, out) and red_stage.axes[-1].extent % nr == 0
-                               and _reuse_rows(red_stage, load) >= PACK_MIN_ROWS)
+    packable = not plan.unpacked and (
+        plan.jp > 0 or (load.buffer not in (red_stage.name, out) and red_stage.axes[-1].extent % nr == 0
+                        and _reuse_rows(red_stage, load) >= PACK_MIN_ROWS))
     if not packable and p != len(load.indices) - 1:
         return None                                   # B strided along j: the fallback vectorizes less
     *batch, ax_i, ax_j = red_stage.axes

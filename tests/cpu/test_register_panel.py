@@ -104,12 +104,13 @@ def test_avx2_plan_unchanged(b, m, k, n):
 
 
 def test_padded_columns_keep_the_two_vector_tile():
-    """Columns padded to a multiple of the two-vector micro-tile (`_gemm_width`'s padding) keep that tile."""
+    """Columns padded to a multiple of the two-vector micro-tile (`_gemm_width`'s padding) keep that tile (a longer
+    reduction than `_unpacked_short_k` takes: that plan reads B unpacked, tests/cpu/test_unpacked_short_k.py)."""
     tgt = ISAS["avx512"]
-    cd = _compute(8, 256, 64, 784)
+    cd = _compute(2, 256, 512, 784)
     plan = _plan(cd, tgt)
-    assert plan.jp and plan.nvec == 2
-    _run(cd, default_schedule(cd, tgt), tgt, 8, 256, 64, 784)
+    assert plan.jp and plan.nvec == 2 and not plan.unpacked
+    _run(cd, default_schedule(cd, tgt), tgt, 2, 256, 512, 784)
 
 
 def test_gemm_sketch_row_hole_over_the_new_tile():
