@@ -1,11 +1,12 @@
 """Fuzz the default schedules of dense layers over random extents against numpy.
 
     .venv/bin/python benchmarks/fuzz_dense_shapes.py [--count 500] [--seed 0] [--max-rows 80] [--max-k 600]
-        [--max-cols 700] [--max-batch 0]
+        [--max-cols 700] [--max-batch 0] [--row-step 1]
 
 Each case: relu(x @ w + b) with random M, K, N (w stored [K, N], or [N, K] as x @ w.T in a third of the cases;
 with --max-batch B, half the cases batched: x [b, M, K] @ w [b, K, N] with b in 2..B and N a multiple of 64 in
-half of those, so the column-panel plan's register panel is taken),
+half of those, so the column-panel plan's register panel is taken; with --row-step R, M a multiple of R: 16 gives
+the unpacked short-K plan its cases),
 compiled with hlotune's default schedules (`hlotune.compile`), run on standard-normal inputs and compared to
 numpy (rtol = atol = 1e-4 scaled by sqrt(K)).  Prints one line per failure and a summary: cases, failures, and
 how many took each plan (padded rows / columns, row streaming, dot-product tile, register panel, other), so a run
@@ -43,6 +44,9 @@ def plan_of(steps) -> str:
         return "rfactor reduction"
     if any(isinstance(s, Pack) and s.factor >= 64 for s in steps):   # 4 or 8 vectors of 16 lanes
         return "register panel" + (" padded" if pads else "")
+    if not pads and not any(isinstance(s, Pack) for s in steps) and any(
+            isinstance(s, Split) and len(s.factors) == 2 and s.factors[0] == 2 and s.factors[1] >= 16 for s in steps):
+        return "unpacked two-vector tile"   # `_unpacked_short_k` (or B reused by too few rows to pack)
     return ("GEMM padded " + "+".join(pads)) if pads else "other"
 
 
@@ -52,7 +56,8 @@ def run_case(rng: np.random.Generator, limits: tuple[int, ...]) -> tuple[str, st
     from hlotune.api import load_model
     from hlotune.schedule_space.default import default_schedule
 
-    m = int(rng.integers(1, limits[0] + 1))
+    step = limits[4] if len(limits) > 4 else 1
+    m = step * int(rng.integers(1, max(1, limits[0] // step) + 1))
     k = int(rng.integers(1, limits[1] + 1))
     n = int(rng.integers(1, limits[2] + 1))
     t = bool(rng.random() < 1 / 3)
@@ -99,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-k", type=int, default=600)
     ap.add_argument("--max-cols", type=int, default=700)
     ap.add_argument("--max-batch", type=int, default=0)
+    ap.add_argument("--row-step", type=int, default=1, help="rows a multiple of this (16: the unpacked short-K plan)")
     a = ap.parse_args(argv)
-    n, failures, plans = fuzz(a.count, a.seed, (a.max_rows, a.max_k, a.max_cols, a.max_batch))
+    n, failures, plans = fuzz(a.count, a.seed, (a.max_rows, a.max_k, a.max_cols, a.max_batch, a.row_step))
     for shape, plan, err in failures:
         print(f"FAIL {shape} ({plan}): {err}")
     print(f"{n} cases, {len(failures)} failures; plans: " + ", ".join(f"{k} {v}" for k, v in plans.most_common()))

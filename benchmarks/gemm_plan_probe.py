@@ -1,0 +1,134 @@
+"""A GEMM's default schedule against variants of its default plan and the best records of tuning databases, timed
+together (a probe for default-plan rules, not part of `make bench`).
+
+    python benchmarks/gemm_plan_probe.py SHAPE VARIANT [VARIANT ...]
+
+SHAPE: a `search_compare.py` subgraph label, or `dense:[B/]M,K,N[,t]` (relu(x @ w + b) as in `awkward_gemm.py`).
+VARIANT:
+  mr,nvec,tm,kc[,tn]     the default plan (`default._gemm_plan`) with these fields replaced (0: the plan's own;
+                         kc -1: the plan's own, 0: k not blocked)
+  np:mr,nvec,tm,kc[,tn]  the same with B not packed and its columns not padded (PACK_MIN_ROWS and PAD_GAIN set out
+                         of reach while the schedule is made)
+  set:NAME=VALUE[,...]   the default schedule made with these constants of `schedule_space.default` set (e.g.
+                         set:UNPACKED_L1=0, the plan before session 47's unpacked short-K rule)
+  db:PATH                the two fastest records of a tuning database of that workload
+Each candidate is timed in PASSES (env, default 3) alternating passes (search_compare's re-measure timing); the
+table gives each one's median, the default's time over it and GFLOP/s.  Session 47 (docs/benchmarks.md, CPU section
+"unpacked B for short reductions"): with K <= 256 the unpacked 8 x 32 plan was 1.1-1.7x the padded, packed plan
+on most shapes, and became the default for padded columns (`default._unpacked_short_k`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import statistics
+import sys
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from awkward_gemm import hlo, parse_shape  # noqa: E402
+from search_compare import REMEASURE_TIMING, SUBGRAPHS, load_subgraph  # noqa: E402
+
+import hlotune  # noqa: E402
+import hlotune.schedule_space.default as D  # noqa: E402
+from hlotune.measure.builder import LocalBuilder  # noqa: E402
+from hlotune.measure.measurer import ProgramMeasurer  # noqa: E402
+from hlotune.measure.records import MeasureInput  # noqa: E402
+from hlotune.measure.runner import LocalRunner  # noqa: E402
+from hlotune.schedule_space.steps import Schedule, schedule_from_json  # noqa: E402
+from hlotune.schedule_space.task import Task  # noqa: E402
+from hlotune.search.space import TaskSpace  # noqa: E402
+from hlotune.target import Target  # noqa: E402
+
+
+def subgraph(label: str):
+    """The fused subgraph a SHAPE names."""
+    if label.startswith("dense:"):
+        m, k, n, t, b = parse_shape(label[6:])
+        return [g for g in hlotune.load_model(hlo(m, k, n, t, b)).frontend.subgraphs if g.workload.flops][0]
+    _, model, kind, name, _ = next(s for s in SUBGRAPHS if s[0] == label)
+    return load_subgraph(model, kind, name)
+
+
+def variant(task: Task, target: Target, spec: str) -> Schedule:
+    """The default schedule made with the plan fields (and packing) of a VARIANT."""
+    unpacked = spec.startswith("np:")
+    mr, nvec, tm, kc, *tn = map(int, spec.removeprefix("np:").split(","))
+    orig, saved = D._gemm_plan, (D.PACK_MIN_ROWS, D.PAD_GAIN)
+
+    def plan(red_stage, target_, lanes):
+        p = orig(red_stage, target_, lanes)
+        return p if p is None else dataclasses.replace(
+            p, mr=mr or p.mr, nvec=nvec or p.nvec, tm=tm or p.tm, kc=p.kc if kc < 0 else kc,
+            tn=tn[0] if tn else p.tn)
+
+    D._gemm_plan = plan
+    if unpacked:
+        D.PACK_MIN_ROWS, D.PAD_GAIN = 1 << 40, 1e9
+    try:
+        return Schedule(task.key, tuple(D.default_schedule(task.compute, target)))
+    finally:
+        D._gemm_plan, (D.PACK_MIN_ROWS, D.PAD_GAIN) = orig, saved
+
+
+def with_constants(task: Task, target: Target, spec: str) -> Schedule:
+    """The default schedule made with the constants of a `set:` VARIANT."""
+    pairs = [kv.split("=", 1) for kv in spec.removeprefix("set:").split(",")]
+    saved = {k: getattr(D, k) for k, _ in pairs}
+    try:
+        for k, v in pairs:
+            setattr(D, k, type(saved[k])(float(v)) if not isinstance(saved[k], bool) else v == "1")
+        return Schedule(task.key, tuple(D.default_schedule(task.compute, target)))
+    finally:
+        for k, v in saved.items():
+            setattr(D, k, v)
+
+
+def records(path: str, n: int = 2) -> dict[str, Schedule]:
+    """The `n` fastest valid records of a tuning database."""
+    rows = sqlite3.connect(path).execute("select steps from hlotune_records where median > 0 order by median "
+                                         "limit ?", (n,)).fetchall()
+    tag = os.path.basename(path).removesuffix(".db")
+    return {f"{tag}#{j}": schedule_from_json(json.loads(s)) for j, (s,) in enumerate(rows)}
+
+
+def main() -> None:
+    warnings.simplefilter("ignore")
+    label, specs = sys.argv[1], sys.argv[2:]
+    sg = subgraph(label)
+    target = Target.host_cpu()
+    task = Task(sg.workload.key, sg.workload.compute, target, 1, label, float(sg.workload.flops))
+    cands = {"default": TaskSpace(task).default}
+    for spec in specs:
+        if spec.startswith("db:"):
+            cands.update(records(spec[3:]))
+        elif spec.startswith("set:"):
+            cands[spec] = with_constants(task, target, spec)
+        else:
+            cands[spec] = variant(task, target, spec)
+    times: dict[str, list[float]] = {k: [] for k in cands}
+    meas = ProgramMeasurer(LocalBuilder(n_workers=2), LocalRunner(REMEASURE_TIMING, timeout=20.0), seed=0)
+    try:
+        names = list(cands)
+        for p in range(int(os.environ.get("PASSES", "3"))):
+            order = names if p % 2 == 0 else names[::-1]
+            for k, r in zip(order, meas.measure_batch([MeasureInput(task, cands[k]) for k in order])):
+                if r.valid:
+                    times[k].append(r.median)
+                elif p == 0:
+                    print(f"{k}: {r.error_kind} {str(r.error_msg)[:200]}")
+    finally:
+        meas.close()
+    med = {k: statistics.median(v) for k, v in times.items() if v}
+    base = med.get("default")
+    for k in sorted(med, key=med.get):
+        rel = f"default/this {base / med[k]:.2f}" if base else ""
+        print(f"{k:32s} {med[k] * 1e3:9.4f} ms  {rel}  {task.flops / med[k] / 1e9:.0f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
