@@ -9,7 +9,7 @@ VARIANT:
                          kc -1: the plan's own, 0: k not blocked)
   np:mr,nvec,tm,kc[,tn]  the same with B not packed and its columns not padded (PACK_MIN_ROWS and PAD_GAIN set out
                          of reach while the schedule is made)
-  set:NAME=VALUE[,...]   the default schedule made with these constants of `schedule_space.default` set (e.g.
+  set:NAME=VALUE[,...]   the default schedule made with these numeric constants of `schedule_space.default` set (e.g.
                          set:UNPACKED_L1=0, the plan before session 47's unpacked short-K rule)
   db:PATH                the two fastest records of a tuning database of that workload
 Each candidate is timed in PASSES (env, default 3) alternating passes (search_compare's re-measure timing); the
