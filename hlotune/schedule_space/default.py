@@ -78,11 +78,13 @@ REGISTER_PANEL_L1 = 2 / 3
 #: 2-core AVX-512 VM (docs/benchmarks.md, CPU "unpacked B for short reductions"): K = 64-256, 48-1024 rows, 500,
 #: 784 and 1000 columns, compiled whole, 1.13-1.50x the padded plan on 8 of 10 shapes and ties on the others (the
 #: kernels alone 1.01-1.60x; mlp_grad_dot_9's [256,256]^T x [256,784] 0.314 -> 0.271 ms).  With many
-#: rows the pack pays for itself (its cost is 1/M of the GEMM's): rows x K at most UNPACKED_MAX_ROWS_K (1024 x 256 x
-#: 784 measured 0.96x in the compiled model, 512 x 256 x 784 and 1024 x 128 x 500 1.04x and 1.28x)
+#: rows the pack pays for itself (its cost is 1/M of the GEMM's), and unpacked B's vector loads cross cache lines
+#: when the caller's array is not 64-byte aligned (numpy's often are not): rows x K at most UNPACKED_MAX_ROWS_K
+#: (512 x 256 x 784: 1.18x with B aligned, 0.94x at 16 bytes off; 256 x 256 x 784 1.26x and 1.02x; 1024 x 256 x 784
+#: 0.96x compiled whole)
 UNPACKED_TILE_M = 16
 UNPACKED_L1 = 2 / 3
-UNPACKED_MAX_ROWS_K = 1 << 17
+UNPACKED_MAX_ROWS_K = 1 << 16
 #: vector accumulators of a full reduction (hide the latency of the adds)
 REDUCE_VECS = 4
 #: row reductions (see `_row_reduction`): a narrower vector when a row has fewer than this many vectors, and
