@@ -31,14 +31,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from awkward_gemm import hlo, parse_shape  # noqa: E402
-from search_compare import REMEASURE_TIMING, SUBGRAPHS, load_subgraph  # noqa: E402
+from search_compare import SUBGRAPHS, load_subgraph, time_together  # noqa: E402
 
 import hlotune  # noqa: E402
 import hlotune.schedule_space.default as D  # noqa: E402
-from hlotune.measure.builder import LocalBuilder  # noqa: E402
-from hlotune.measure.measurer import ProgramMeasurer  # noqa: E402
-from hlotune.measure.records import MeasureInput  # noqa: E402
-from hlotune.measure.runner import LocalRunner  # noqa: E402
 from hlotune.schedule_space.steps import Schedule, schedule_from_json  # noqa: E402
 from hlotune.schedule_space.task import Task  # noqa: E402
 from hlotune.search.space import TaskSpace  # noqa: E402
@@ -110,19 +106,9 @@ def main() -> None:
             cands[spec] = with_constants(task, target, spec)
         else:
             cands[spec] = variant(task, target, spec)
-    times: dict[str, list[float]] = {k: [] for k in cands}
-    meas = ProgramMeasurer(LocalBuilder(n_workers=2), LocalRunner(REMEASURE_TIMING, timeout=20.0), seed=0)
-    try:
-        names = list(cands)
-        for p in range(int(os.environ.get("PASSES", "3"))):
-            order = names if p % 2 == 0 else names[::-1]
-            for k, r in zip(order, meas.measure_batch([MeasureInput(task, cands[k]) for k in order])):
-                if r.valid:
-                    times[k].append(r.median)
-                elif p == 0:
-                    print(f"{k}: {r.error_kind} {str(r.error_msg)[:200]}")
-    finally:
-        meas.close()
+    times, errors = time_together(task, cands, int(os.environ.get("PASSES", "3")))
+    for k, err in errors.items():
+        print(f"{k}: {err}")
     med = {k: statistics.median(v) for k, v in times.items() if v}
     base = med.get("default")
     for k in sorted(med, key=med.get):

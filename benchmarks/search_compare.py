@@ -236,6 +236,28 @@ def pretrain(db: str, held_out: list[str], out: Path) -> str:
 
 # ----------------------------------------------------------------------------- 2. re-measure
 
+def time_together(task: Task, cands: dict[str, Schedule], passes: int,
+                  workers: int = 2) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Each candidate's valid medians over `passes` passes of one batch (REMEASURE_TIMING), the order alternating
+    pass by pass, and the error ("kind: message") of each candidate that failed in the first pass (the probes'
+    timing; `remeasure` below rotates the order too and keeps its state)."""
+    per: dict[str, list[float]] = {k: [] for k in cands}
+    errors: dict[str, str] = {}
+    names = list(cands)
+    measurer = ProgramMeasurer(LocalBuilder(n_workers=workers), LocalRunner(REMEASURE_TIMING, timeout=20.0), seed=0)
+    try:
+        for p in range(passes):
+            order = names if p % 2 == 0 else names[::-1]
+            for k, r in zip(order, measurer.measure_batch([MeasureInput(task, cands[k]) for k in order])):
+                if r.valid:
+                    per[k].append(r.median)
+                elif p == 0:
+                    errors[k] = f"{r.error_kind}: {str(r.error_msg)[:200]}"
+    finally:
+        measurer.close()
+    return per, errors
+
+
 def remeasure(a, subs, target: Target, state: dict, out: Path) -> None:
     runs = state["runs"]
     res = state.setdefault("remeasure", {})

@@ -25,16 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.search_compare import (  # noqa: E402
     EARLY_FRACTION,
-    REMEASURE_TIMING,
     SUBGRAPHS,
     load_subgraph,
     schedule_of,
+    time_together,
     trajectory,
 )
-from hlotune.measure.builder import LocalBuilder  # noqa: E402
-from hlotune.measure.measurer import ProgramMeasurer  # noqa: E402
-from hlotune.measure.records import MeasureInput  # noqa: E402
-from hlotune.measure.runner import LocalRunner  # noqa: E402
 from hlotune.schedule_space.mutate import _decode, ladder_moves, outward_moves, unroll_moves  # noqa: E402
 from hlotune.schedule_space.steps import Pragma  # noqa: E402
 from hlotune.schedule_space.task import Task  # noqa: E402
@@ -94,17 +90,7 @@ def main(argv=None) -> int:
         cands[f"{kind} move {k} {tag(m)}" + (" (measured in the run)" if m.key in measured else "")] = m
     scores = dict(zip(cands, model_scores(a.model, a.db, a.n, task, list(cands.values())))) if a.model else {}
     print(f"{a.label}: early best = trial {e + 1}, final = trial {f + 1}, {len(moves)} {a.moves} moves", flush=True)
-    names = list(cands)
-    per: dict[str, list[float]] = {k: [] for k in names}
-    measurer = ProgramMeasurer(LocalBuilder(n_workers=2), LocalRunner(REMEASURE_TIMING, timeout=20.0), seed=0)
-    try:
-        for p in range(a.passes):
-            order = names if p % 2 == 0 else names[::-1]
-            for k, r in zip(order, measurer.measure_batch([MeasureInput(task, cands[k]) for k in order])):
-                if r.valid:
-                    per[k].append(r.median)
-    finally:
-        measurer.close()
+    per, _ = time_together(task, cands, a.passes)
     med = {k: statistics.median(v) for k, v in per.items() if v}
     if fin not in med:
         raise SystemExit("the final best did not measure")

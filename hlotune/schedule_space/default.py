@@ -713,22 +713,22 @@ def _gemm_plan(red_stage: Stage, target: Target, lanes: int) -> _Gemm | None:
     kc = _divisor_at_most(K, cap) if K > cap else 0
     if kc and kc < 16:
         kc = 0
+    if jp and not padded and _unpacked_short_k(red_stage, I, K, mr, nr, regs, l1):
+        return _Gemm(vl, nvec, mr, UNPACKED_TILE_M, nr, 0, unpacked=True)
     plan = _Gemm(vl, nvec, mr, tm, tn, kc, _panel_width(red_stage, target, nr, K, J), jp, ip)
-    if jp and not padded and _unpacked_short_k(red_stage, I, K, nr, regs, l1):
-        return _Gemm(vl, nvec, MAX_MR, UNPACKED_TILE_M, nr, 0, unpacked=True)
     if padded or jp or not _padding_ok(red_stage):   # B packed (`_gemm`), its columns not padded
         return plan
     return _register_panel(plan, I, J, K, regs, l1)
 
 
-def _unpacked_short_k(red_stage: Stage, I: int, K: int, nr: int, regs: int, l1: int) -> bool:
+def _unpacked_short_k(red_stage: Stage, I: int, K: int, mr: int, nr: int, regs: int, l1: int) -> bool:
     """Whether a GEMM whose plan pads its columns reads B unpacked instead: 32 vector registers, B contiguous
-    along the columns, rows a multiple of UNPACKED_TILE_M (and of MAX_MR), rows x K at most UNPACKED_MAX_ROWS_K and a
-    K x nr panel of B within UNPACKED_L1 of L1.  Its last column tile overlaps the one before where nr does not
-    divide the columns (`lower`: a region at a tile of its consumer keeps its extent), so no tail guard runs in the
-    micro-kernel."""
+    along the columns, rows a multiple of UNPACKED_TILE_M (a multiple of the micro-tile's mr rows), rows x K at most
+    UNPACKED_MAX_ROWS_K and a K x nr panel of B within UNPACKED_L1 of L1.  Its last column tile overlaps the one
+    before where nr does not divide the columns (`lower`: a region at a tile of its consumer keeps its extent), so
+    no tail guard runs in the micro-kernel."""
     b = _b_reuse(red_stage)
-    return (regs >= 32 and b is not None and b[0] and I % UNPACKED_TILE_M == 0 and UNPACKED_TILE_M % MAX_MR == 0
+    return (regs >= 32 and b is not None and b[0] and I % UNPACKED_TILE_M == 0 and UNPACKED_TILE_M % mr == 0
             and I * K <= UNPACKED_MAX_ROWS_K and K * nr * 4 <= l1 * UNPACKED_L1)
 
 

@@ -73,7 +73,7 @@ def test_unpacked_plan_off_is_the_padded_plan(monkeypatch):
     assert [s for s in steps if isinstance(s, Pack)] and [s for s in steps if isinstance(s, Pad)]
 
 
-def test_default_like_seed_of_the_unpacked_plan_does_not_pack():
+def test_default_like_seed_follows_the_unpacked_plan():
     """The Ansor sketches' default-like seed follows the plan: 16-row and 32-column tiles over the whole reduction,
     B not packed (the sketches' pack needs columns that its width divides; the padded plan's seed had 64-row
     tiles)."""
