@@ -358,8 +358,8 @@ def test_hot_functions_stay_lean(op, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
 def test_exp_reduction_is_lean(dtype):
     """exp's hot loop has no round-to-integer, float-to-int conversion, NaN-ignoring min/max or NaN select (the
-    shifter trick gives n, and the clamp lets NaN through): on AVX2 each of those was one to three more vector
-    instructions per vector (exp 1.22x faster on a Zen 1 core, docs/codegen.md)."""
+    shifter trick gives n, and the clamp lets NaN through): with them it took three more vector instructions per
+    vector (exp 1.22x slower on a Zen 1 core, docs/codegen.md)."""
     _, _, opt_ir, _ = _compiled(Op.EXP, dtype)
     for pattern in (r"llvm\.roundeven", r"= fptosi ", r"llvm\.(minnum|maxnum)", r"fcmp uno "):
         assert _per_vector(opt_ir, dtype, pattern) == 0, pattern
