@@ -246,8 +246,8 @@ class _Em:
 @functools.cache
 def _exp_q_f32() -> list[float]:
     """Q(r) ~ (exp(r) - 1 - r) / r^2 on |r| <= ln2 / 2 (with a margin), degree 4, Chebyshev-interpolated:
-    exp(r) = 1 + r (1 + r Q(r)) with a relative error of about 1e-8 there (the degree-7 Taylor polynomial
-    it replaces: 5e-9 at the ends, of which Q's error is scaled by r^2 <= 0.12)."""
+    1 + r (1 + r Q(r)) is within 8e-9 of exp(r) there, relatively (the degree-7 Taylor polynomial it replaced:
+    7e-9), far below float32's half ulp (6e-8), for one FMA fewer."""
     def q(r: float) -> float:
         return math.fsum(r ** k / math.factorial(k + 2) for k in range(20))
     h = 0.35
@@ -271,7 +271,7 @@ def _exp_core(e: _Em, x, x_lo=None):
         r = e.add(r, x_lo)
     if e.f64:
         p = e.poly(r, _taylor("exp", 14))
-    else:   # 1 + r (1 + r Q(r)): six FMAs, one fewer than the degree-7 Taylor polynomial, and closer
+    else:   # 1 + r (1 + r Q(r)): six FMAs, one fewer than the degree-7 Taylor polynomial
         p = e.fma(e.fma(e.poly(r, _exp_q_f32()), r, e.c(1.0)), r, e.c(1.0))
     ni = e.b.sub(e.bits(k), e.bits(shifter))
     n1 = e.b.ashr(ni, e.ci(1))

@@ -116,12 +116,12 @@ PANEL_TASKS_PER_CORE = 4
 #: [32,128,512] x [32,128,512]^T, nr = 32): copying whole rows of k wrote a 64 KB panel 4 bytes per line 32 times
 #: over (more than L1), 3.6 ms for the dot; in blocks of 16, 2.1 ms
 PACK_KB = 16
-#: largest row tile and k block the search tries in the column-panel GEMM sketch (`gemm_sketch`)
 #: stages that evaluate a polynomial math function per element (exp, tanh, sin, ...; not sqrt, one instruction)
 #: are vectorized at twice the target's vector width, up to MATH_LANES lanes: each iteration then runs two
 #: vectors whose long dependency chains overlap (`_math_lanes`)
 POLY_MATH = TRANSCENDENTAL - {Op.SQRT, Op.RSQRT}
 MATH_LANES = 16
+#: largest row tile and k block the search tries in the column-panel GEMM sketch (`gemm_sketch`)
 GEMM_MAX_ROWS = 256
 GEMM_MAX_KC = 512
 
@@ -1097,7 +1097,8 @@ def _math_lanes(stage: Stage, lanes: int) -> int:
     function.  Such a function is a chain of some 25 dependent instructions per vector; with two vectors per
     iteration (LLVM splits a vector twice the register width into two interleaved halves) the out-of-order core
     overlaps their chains.  Measured on an AMD Zen 1 (AVX2: 8 -> 16 lanes; docs/benchmarks.md): gelu_tanh
-    1.24x, sin_mul_add 1.13x, softmax's exp 1.10x.  With 16 lanes already (AVX-512) it stays (not measured)."""
+    1.25x, sin_mul_add 1.11x, softmax 1.04x (its exp stage).  With 16 lanes already (AVX-512) it stays (not
+    measured)."""
     if 2 * lanes <= MATH_LANES and any(isinstance(e, Unary | Binary) and e.op in POLY_MATH for e in walk(stage.body)):
         return 2 * lanes
     return lanes
