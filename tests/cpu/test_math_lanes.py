@@ -74,7 +74,7 @@ def _vector_loops(func) -> list[int]:
     return [s.const_extent for s in walk_stmts(func.body) if isinstance(s, For) and s.kind is ForKind.VECTORIZED]
 
 
-def _run(cd, tgt, x: np.ndarray) -> np.ndarray:
+def _run(cd, tgt, x: np.ndarray) -> tuple:
     func = lower(cd, default_schedule(cd, tgt))
     out = np.full(SHAPE, np.nan, dtype=np.float32)
     build_cpu(func, tgt)(x, out)
