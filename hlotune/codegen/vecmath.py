@@ -134,6 +134,7 @@ class _Em:
         self.nbits = 64 if self.f64 else 32
         self.mant = 52 if self.f64 else 23
         self.bias = 1023 if self.f64 else 127
+        self.shifter = 1.5 * 2.0 ** self.mant   # fma(x, c, shifter) rounds x c to an integer kept in the low bits
         ielem = ir.IntType(self.nbits)
         self.ity = ir.VectorType(ielem, self.lanes) if self.lanes else ielem
         self.suffix = (f"v{self.lanes}" if self.lanes else "") + ("f64" if self.f64 else "f32")
@@ -254,48 +255,41 @@ def _exp_q_f32() -> list[float]:
     return [c / h ** k for k, c in enumerate(_cheb_interp(q, 0.0, h, 4))]
 
 
-def _exp_core(e: _Em, x, x_lo=None):
-    """exp(x + x_lo), x_lo a tiny tail; NaN x gives NaN (the clamp keeps it and every later step propagates it).
-
-    n = rint(x log2e) by the shifter trick (`_expm1_reduced`): k = fma(x, log2e, 1.5 * 2**mant) rounds the exact
-    product once, and k's bits minus the shifter's are n as an integer (no round or float-to-int instruction)."""
-    lo, hi = (-746.0, 710.0) if e.f64 else (-104.0, 89.0)
-    xc = e.clamp_nan(x, lo, hi)
-    shifter = e.c(1.5 * 2.0 ** e.mant)
-    k = e.fma(xc, e.c(_LOG2E), shifter)
+def _reduce_ln2(e: _Em, x):
+    """(k, r) with x = n ln2 + r, n = rint(x log2e), for |x log2e| < 2**(mant - 1), by the shifter trick:
+    k = fma(x, log2e, SHIFTER) rounds the exact product once and holds n in its low mantissa bits, so 2**n and n
+    come from k's bits (no round or float-to-int instruction, and a NaN x stays NaN instead of becoming poison);
+    r = x - n ln2 in two Cody-Waite FMAs."""
+    shifter = e.c(e.shifter)
+    k = e.fma(x, e.c(_LOG2E), shifter)
     n = e.sub(k, shifter)
     l_hi, l_lo = _split(_LN2, e.f64, 2, hi_bits=(42 if e.f64 else 16))
-    r = e.fma(e.neg(n), e.c(l_hi), xc)
-    r = e.fma(e.neg(n), e.c(l_lo), r)
+    r = e.fma(e.neg(n), e.c(l_hi), x)
+    return k, e.fma(e.neg(n), e.c(l_lo), r)
+
+
+def _exp_core(e: _Em, x, x_lo=None):
+    """exp(x + x_lo), x_lo a tiny tail; NaN x gives NaN (the clamp keeps it and every later step propagates it)."""
+    lo, hi = (-746.0, 710.0) if e.f64 else (-104.0, 89.0)
+    k, r = _reduce_ln2(e, e.clamp_nan(x, lo, hi))
     if x_lo is not None:
         r = e.add(r, x_lo)
     if e.f64:
         p = e.poly(r, _taylor("exp", 14))
     else:   # 1 + r (1 + r Q(r)): six FMAs, one fewer than the degree-7 Taylor polynomial
         p = e.fma(e.fma(e.poly(r, _exp_q_f32()), r, e.c(1.0)), r, e.c(1.0))
-    ni = e.b.sub(e.bits(k), e.bits(shifter))
+    ni = e.b.sub(e.bits(k), e.bits(e.c(e.shifter)))
     n1 = e.b.ashr(ni, e.ci(1))
     n2 = e.b.sub(ni, n1)
     return e.mul(e.mul(p, e.pow2(n1)), e.pow2(n2))  # two steps: exact, then one rounding to denormal/inf
 
 
-def _exp(e: _Em, x):
-    return _exp_core(e, x)
-
-
 def _expm1_reduced(e: _Em, y):
     """expm1(y) for |y| <= 45 (f64) / 30 (f32), so that 2**n stays normal; NaN gives NaN.
 
-    n = rint(y log2e) by the shifter trick: k = fma(y, log2e, 1.5 * 2**mant) holds n in its low mantissa
-    bits, so 2**n comes from bits(k) << mant without a float-to-int conversion (which would make NaN lanes
-    poison); then Cody-Waite r = y - n ln2, expm1(r) = r + r^2 P(r), and fma(2^n, expm1(r), 2^n - 1).
+    y = n ln2 + r (`_reduce_ln2`), 2**n = bits(k) << mant, expm1(r) = r + r^2 P(r), and fma(2^n, expm1(r), 2^n - 1).
     """
-    shifter = 1.5 * 2.0 ** e.mant
-    k = e.fma(y, e.c(_LOG2E), e.c(shifter))
-    n = e.sub(k, e.c(shifter))
-    l_hi, l_lo = _split(_LN2, e.f64, 2, hi_bits=(42 if e.f64 else 16))
-    r = e.fma(e.neg(n), e.c(l_hi), y)
-    r = e.fma(e.neg(n), e.c(l_lo), r)
+    k, r = _reduce_ln2(e, y)
     em = e.fma(e.mul(r, r), e.poly(r, _taylor("exp", 15 if e.f64 else 9)[2:]), r)  # expm1(r)
     s = e.from_bits(e.b.add(e.b.shl(e.bits(k), e.ci(e.mant)), e.ci(e.bias << e.mant)))
     return e.fma(s, em, e.sub(s, e.c(1.0)))  # 2^n (em + 1) - 1
@@ -566,7 +560,7 @@ def _sign(e: _Em, x):
 
 #: op -> (arity, emitter, inline?)  small ones are emitted inline, transcendentals as cached helpers
 _RULES: dict[Op, tuple[int, Callable, bool]] = {
-    Op.EXP: (1, _exp, False),
+    Op.EXP: (1, _exp_core, False),
     Op.EXPM1: (1, _expm1, False),
     Op.LOG: (1, _log, False),
     Op.LOG1P: (1, _log1p, False),

@@ -1106,17 +1106,16 @@ def _math_lanes(stage: Stage, lanes: int) -> int:
 
 def _elementwise(stage: Stage, lanes: int, cores: int) -> list[Step]:
     name = stage.name
-    lanes = _math_lanes(stage, lanes)
     axes = [a.name for a in stage.axes]
     if not axes:
         return []
     par = _work(stage) >= PARALLEL_MIN_WORK
     last = stage.axes[-1]
     steps: list[Step] = []
-    w = _vector_width(last.extent, lanes) or (_short_axis_width(last.extent, lanes) if _off_point(stage) else 0)
+    wide = _math_lanes(stage, lanes)   # power-of-two vectors only: a short axis's own width stays as it was
+    w = _vector_width(last.extent, wide) or (_short_axis_width(last.extent, lanes) if _off_point(stage) else 0)
     if w and len(axes) > 1:
-        lanes = w
-        steps += [Split(name, last.name, (lanes,)), Annotate(name, f"{last.name}.1", ForKind.VECTORIZED)]
+        steps += [Split(name, last.name, (w,)), Annotate(name, f"{last.name}.1", ForKind.VECTORIZED)]
         outer = axes[:-1]
         if par:
             if len(outer) > 1:
@@ -1129,7 +1128,7 @@ def _elementwise(stage: Stage, lanes: int, cores: int) -> list[Step]:
         steps.append(Fuse(name, tuple(axes)))
         fused = "@".join(axes)
     n = _work(stage)
-    v = _vector_width(n, lanes) or 1
+    v = _vector_width(n, wide) or 1
     if v > 1:
         chunks = _divisor_at_most(n // v, 16 * cores) if par else 1
         inner = (n // v) // chunks

@@ -1,8 +1,8 @@
 """Elementwise stages that evaluate a polynomial math function (exp, tanh, sin, ...) are vectorized at twice the
 target's vector width, at most `default.MATH_LANES` (`default._math_lanes`): 16 lanes on AVX2 (two interleaved
 vectors per iteration), unchanged at 16 lanes on AVX-512, unchanged for stages without such a function (sqrt is
-one instruction).  The schedules are compiled at both widths whatever the host (LLVM splits wide vectors) and
-their results compared to numpy."""
+one instruction) and for a short axis that takes no power-of-two vector.  The schedules are compiled at both
+widths whatever the host (LLVM splits wide vectors) and their results compared to numpy."""
 
 from __future__ import annotations
 
@@ -107,6 +107,30 @@ def test_softmax_row_plan_exp_stage_takes_double_lanes(isa):
     assert exp_loops == [min(2 * native, D.MATH_LANES)], exp_loops
     e = np.exp(x - x.max(axis=1, keepdims=True))
     np.testing.assert_allclose(out, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_short_axis_keeps_its_own_width():
+    """A short last axis that takes no power-of-two vector (10 logits, log-softmax's final stage) keeps the widest
+    divisor of the native width (5 at 8 lanes): the rule doubles power-of-two vectors only."""
+    tgt = ISAS["avx2"]
+    text = """HloModule short
+ENTRY %main (x: f32[256,10], b: f32[10]) -> f32[256,10] {
+  %x = f32[256,10]{1,0} parameter(0)
+  %b = f32[10]{0} parameter(1)
+  %bb = f32[256,10]{1,0} broadcast(%b), dimensions={1}
+  %s = f32[256,10]{1,0} add(%x, %bb)
+  ROOT %r = f32[256,10]{1,0} exponential(%s)
+}
+"""
+    cd = _compute(text)
+    func = lower(cd, default_schedule(cd, tgt))
+    assert _vector_loops(func) == [5], _vector_loops(func)
+    rng = np.random.default_rng(2)
+    x, b = rng.standard_normal((256, 10), dtype=np.float32), rng.standard_normal(10, dtype=np.float32)
+    out = np.full((256, 10), np.nan, dtype=np.float32)
+    args = {(10,): b, (256, 10): x}   # the fused kernel orders its parameters its own way
+    build_cpu(func, tgt)(*[args[tuple(p.shape)] for p in cd.inputs], out)
+    np.testing.assert_allclose(out, np.exp(x + b), rtol=2e-6, atol=1e-6)
 
 
 def test_rule_off_keeps_native_lanes(monkeypatch):
