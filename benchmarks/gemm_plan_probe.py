@@ -3,7 +3,8 @@ together (a probe for default-plan rules, not part of `make bench`).
 
     python benchmarks/gemm_plan_probe.py SHAPE VARIANT [VARIANT ...]
 
-SHAPE: a `search_compare.py` subgraph label, or `dense:[B/]M,K,N[,t]` (relu(x @ w + b) as in `awkward_gemm.py`).
+SHAPE: a `search_compare.py` subgraph label, `dense:[B/]M,K,N[,t]` (relu(x @ w + b) as in `awkward_gemm.py`), or
+`conv:N,H,W,C,K[,R]` (relu(conv(x[N,H,W,C], w[R,R,C,K]) + b), same padding, R = 3 if not given).
 VARIANT:
   mr,nvec,tm,kc[,tn]     the default plan (`default._gemm_plan`) with these fields replaced (0: the plan's own;
                          kc -1: the plan's own, 0: k not blocked)
@@ -41,8 +42,31 @@ from hlotune.search.space import TaskSpace  # noqa: E402
 from hlotune.target import Target  # noqa: E402
 
 
+def conv_hlo(n: int, h: int, w: int, c: int, k: int, r: int = 3) -> str:
+    """HLO text of relu(conv(x[n,h,w,c], w[r,r,c,k], same padding) + b) as JAX lowers it (NHWC, HWIO)."""
+    x, y, wt = f"f32[{n},{h},{w},{c}]", f"f32[{n},{h},{w},{k}]", f"f32[{r},{r},{c},{k}]"
+    lo, hi = (r - 1) // 2, r // 2
+    return f"""HloModule conv_{n}x{h}x{w}x{c}x{k}x{r}
+
+ENTRY %main (x: {x}, w: {wt}, b: f32[{k}]) -> {y} {{
+  %x = {x}{{3,2,1,0}} parameter(0)
+  %w = {wt}{{3,2,1,0}} parameter(1)
+  %c = {y}{{3,2,1,0}} convolution(%x, %w), window={{size={r}x{r} pad={lo}_{hi}x{lo}_{hi}}}, dim_labels=b01f_01io->b01f
+  %b = f32[{k}]{{0}} parameter(2)
+  %bb = {y}{{3,2,1,0}} broadcast(%b), dimensions={{3}}
+  %a = {y}{{3,2,1,0}} add(%c, %bb)
+  %z = f32[] constant(0)
+  %zb = {y}{{3,2,1,0}} broadcast(%z), dimensions={{}}
+  ROOT %r = {y}{{3,2,1,0}} maximum(%a, %zb)
+}}
+"""
+
+
 def subgraph(label: str):
     """The fused subgraph a SHAPE names."""
+    if label.startswith("conv:"):
+        text = conv_hlo(*map(int, label[5:].split(",")))
+        return [g for g in hlotune.load_model(text).frontend.subgraphs if g.workload.flops][0]
     if label.startswith("dense:"):
         m, k, n, t, b = parse_shape(label[6:])
         return [g for g in hlotune.load_model(hlo(m, k, n, t, b)).frontend.subgraphs if g.workload.flops][0]
