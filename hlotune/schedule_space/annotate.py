@@ -538,10 +538,10 @@ def default_like(sketch: Sketch, rng=0) -> Schedule | None:
     """The schedule of `sketch` closest to the default schedule's GEMM blocking (`default._gemm_plan`), for a
     tile_fuse@1 / cache_write@1 sketch of a dot-like stage: row tiles (1, tm/mr, mr), column tiles (1, tn/nr,
     nr) (nr halved while above the sketch's innermost limit: the register panel's 2 x 128 tile), batch tiles 1,
-    the longest reduce axis blocked by kc (others outside), B packed into nr-wide panels, the consumer's tile
-    loops fused and parallel, vector lanes vl on both stages and auto-unroll 64 (which unrolls the mr x nr/vl
-    micro-tile but not the k loop around it). Other decisions are drawn from `rng`. The
-    search starts from it, so tuning explores the neighbourhood of the default (tile sizes, k-blocking, packing)
+    the longest reduce axis blocked by kc (others outside), B packed into nr-wide panels (unless the plan reads it
+    unpacked), the consumer's tile loops fused and parallel, vector lanes vl on both stages and auto-unroll 64
+    (which unrolls the mr x nr/vl micro-tile but not the k loop around it). Other decisions are drawn from `rng`.
+    The search starts from it, so tuning explores the neighbourhood of the default (tile sizes, k-blocking, packing)
     instead of having to find that point at random. None for other sketches or when the default is no GEMM."""
     from .default import _gemm_plan, _inner_reduce
 
@@ -575,7 +575,7 @@ def default_like(sketch: Sketch, rng=0) -> Schedule | None:
         if site.stage == name:
             vec[k] = plan.vl if plan.nr > plan.vl else 1
             unroll[k] = 64 if plan.mr * plan.nvec <= 64 else 512   # the micro-tile, not the k loop
-            pack[k] = int(site.pack is not None)
+            pack[k] = int(site.pack is not None and not plan.unpacked)
         elif site.parallel and site.vector and not site.location:   # the consumer hosting the tile
             par[k] = len(batch) + 2 if work >= PARALLEL_MIN_WORK else 0
             vec[k] = plan.vl if plan.tn > plan.vl else 1

@@ -85,6 +85,15 @@ REGISTER_PANEL_L1 = 2 / 3
 UNPACKED_TILE_M = 16
 UNPACKED_L1 = 2 / 3
 UNPACKED_MAX_ROWS_K = 1 << 16
+#: with 16 vector registers (AVX2), a GEMM with a short reduction reads B unpacked and each cache tile is one mr x nr
+#: micro-tile, its accumulators in registers over the whole reduction (`_unpacked_in_registers`): K at most
+#: UNPACKED16_MAX_K, B contiguous along the columns and its K x N floats within UNPACKED16_L2 of L2, rows x K at most
+#: UNPACKED_MAX_ROWS_K.  The plan it replaces packs B and goes through an L1 copy of the tile's accumulators.
+#: Measured on the 2-core Zen 1 host, compiled dense layers and batch_matmul (docs/benchmarks.md, CPU "unpacked B in
+#: registers with 16 vector registers"): K = 32-96 1.03-1.20x; K = 128 0.76-1.13x (512 x 128 x 512 loses), K = 192
+#: and more ties or loses (the kernels alone: 0.78-1.00x), hence the limits
+UNPACKED16_MAX_K = 96
+UNPACKED16_L2 = 0.5
 #: vector accumulators of a full reduction (hide the latency of the adds)
 REDUCE_VECS = 4
 #: row reductions (see `_row_reduction`): a narrower vector when a row has fewer than this many vectors, and
@@ -720,6 +729,8 @@ def _gemm_plan(red_stage: Stage, target: Target, lanes: int) -> _Gemm | None:
         kc = 0
     if jp and not padded and _unpacked_short_k(red_stage, I, K, mr, nr, regs, l1):
         return _Gemm(vl, nvec, mr, UNPACKED_TILE_M, nr, 0, unpacked=True)
+    if not padded and not ip and _unpacked_in_registers(red_stage, I, K, regs, target):
+        return _Gemm(vl, nvec, mr, mr, nr, 0, unpacked=True)
     plan = _Gemm(vl, nvec, mr, tm, tn, kc, _panel_width(red_stage, target, nr, K, J), jp, ip)
     if padded or jp or not _padding_ok(red_stage):   # B packed (`_gemm`), its columns not padded
         return plan
@@ -735,6 +746,19 @@ def _unpacked_short_k(red_stage: Stage, I: int, K: int, mr: int, nr: int, regs: 
     b = _b_reuse(red_stage)
     return (regs >= 32 and b is not None and b[0] and I % UNPACKED_TILE_M == 0 and UNPACKED_TILE_M % mr == 0
             and I * K <= UNPACKED_MAX_ROWS_K and K * nr * 4 <= l1 * UNPACKED_L1)
+
+
+def _unpacked_in_registers(red_stage: Stage, I: int, K: int, regs: int, target: Target) -> bool:
+    """Whether a GEMM on a target with 16 vector registers reads B unpacked with cache tiles of one micro-tile (its
+    accumulators in registers over the whole reduction): one reduce axis of at most UNPACKED16_MAX_K, B contiguous
+    along the columns with its K x N floats within UNPACKED16_L2 of L2 (every row tile sweeps all of it), rows x K at
+    most UNPACKED_MAX_ROWS_K.  As in `_unpacked_short_k`, a last column tile that nr does not divide overlaps the one
+    before."""
+    b = _b_reuse(red_stage)
+    l2 = target.l2_bytes or 256 * 1024
+    J = red_stage.axes[-1].extent
+    return (regs < 32 and len(red_stage.reduce_axes) == 1 and b is not None and b[0] and K <= UNPACKED16_MAX_K
+            and K * J * 4 <= l2 * UNPACKED16_L2 and I * K <= UNPACKED_MAX_ROWS_K)
 
 
 def _micro_rows(I: int, nvec: int, regs: int, padded: bool = False) -> tuple[int, int]:

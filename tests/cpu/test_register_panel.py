@@ -93,13 +93,17 @@ def test_tile_plan_takes_the_narrow_register_panel(m, k, n):
     _run(cd, steps, tgt, 0, m, k, n)
 
 
-@pytest.mark.parametrize("b, m, k, n", [(16, 256, 64, 256), (4, 256, 128, 256), (0, 1024, 64, 256)])
-def test_avx2_plan_unchanged(b, m, k, n):
-    """16 registers: the plan keeps its 2-vector micro-tile and its cache tile of several micro-tile rows."""
+@pytest.mark.parametrize("b, m, k, n, short", [(16, 256, 64, 256, True), (4, 256, 128, 256, False),
+                                               (0, 1024, 64, 256, True)])
+def test_avx2_plan_unchanged(b, m, k, n, short):
+    """16 registers: no register panel; the plan keeps its 2-vector micro-tile, over a cache tile of several
+    micro-tile rows, or of one with B unpacked when the reduction is short (`_unpacked_in_registers`,
+    tests/cpu/test_unpacked_in_registers.py)."""
     tgt = ISAS["avx2"]
     cd = _compute(b, m, k, n)
     plan = _plan(cd, tgt)
-    assert plan.nvec <= 2 and plan.tm > plan.mr
+    assert plan.nvec <= 2 and plan.unpacked == short
+    assert plan.tm == plan.mr if short else plan.tm > plan.mr
     _run(cd, default_schedule(cd, tgt), tgt, b, m, k, n)
 
 
