@@ -89,9 +89,9 @@ UNPACKED_MAX_ROWS_K = 1 << 16
 #: micro-tile, its accumulators in registers over the whole reduction (`_unpacked_in_registers`): K at most
 #: UNPACKED16_MAX_K, B contiguous along the columns and its K x N floats within UNPACKED16_L2 of L2, rows x K at most
 #: UNPACKED_MAX_ROWS_K.  The plan it replaces packs B and goes through an L1 copy of the tile's accumulators.
-#: Measured on the 2-core Zen 1 host, compiled dense layers and batch_matmul (docs/benchmarks.md, CPU "unpacked B in
-#: registers with 16 vector registers"): K = 32-96 1.03-1.20x; K = 128 0.76-1.13x (512 x 128 x 512 loses), K = 192
-#: and more ties or loses (the kernels alone: 0.78-1.00x), hence the limits
+#: Measured on the 2-core Zen 1 host, compiled dense layers and batch_matmul (docs/benchmarks.md, CPU "the Zen 1
+#: host, tuned models and unpacked B in registers"): K = 32-96 1.03-1.20x; K = 128 0.76-1.13x (512 x 128 x 512
+#: loses), K = 192 and more ties or loses (the kernels alone: 0.78-1.00x), hence the limits
 UNPACKED16_MAX_K = 96
 UNPACKED16_L2 = 0.5
 #: vector accumulators of a full reduction (hide the latency of the adds)
