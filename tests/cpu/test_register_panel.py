@@ -95,7 +95,7 @@ def test_tile_plan_takes_the_narrow_register_panel(m, k, n):
 
 @pytest.mark.parametrize("b, m, k, n, short", [(16, 256, 64, 256, True), (4, 256, 128, 256, False),
                                                (0, 1024, 64, 256, True)])
-def test_avx2_plan_unchanged(b, m, k, n, short):
+def test_avx2_plan_has_no_register_panel(b, m, k, n, short):
     """16 registers: no register panel; the plan keeps its 2-vector micro-tile, over a cache tile of several
     micro-tile rows, or of one with B unpacked when the reduction is short (`_unpacked_in_registers`,
     tests/cpu/test_unpacked_in_registers.py)."""
