@@ -12,12 +12,11 @@ import dataclasses
 import pytest
 
 from hlotune.schedule_space import default as D
-from hlotune.schedule_space.annotate import decisions_of, default_like
 from hlotune.schedule_space.default import default_schedule
 from hlotune.schedule_space.lower import lower
-from hlotune.schedule_space.sketch import generate_sketches
 from hlotune.schedule_space.steps import Pack, Pad, Split
 from tests.cpu.test_register_panel import ISAS, _compute, _dot, _plan, _run
+from tests.cpu.test_unpacked_short_k import default_like_seeds
 
 #: L1 48 KiB (ISAS), L2 512 KiB whatever the host: B within 256 KiB takes the plan
 AVX2 = dataclasses.replace(ISAS["avx2"], l2_bytes=512 * 1024)
@@ -80,11 +79,7 @@ def test_default_like_seed_follows_the_plan():
     cd = _compute(16, 256, 64, 256)
     plan = _plan(cd, AVX2)
     dot = _dot(cd)
-    seeds = []
-    for sk in generate_sketches(cd, AVX2):
-        s = default_like(sk)
-        if s is not None:
-            seeds.append((sk, decisions_of(sk, s)))
+    seeds = default_like_seeds(cd, AVX2)
     assert seeds
     for sk, d in seeds:
         assert not any(d.pack), sk.rules

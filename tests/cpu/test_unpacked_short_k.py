@@ -73,17 +73,23 @@ def test_unpacked_plan_off_is_the_padded_plan(monkeypatch):
     assert [s for s in steps if isinstance(s, Pack)] and [s for s in steps if isinstance(s, Pad)]
 
 
+def default_like_seeds(cd, tgt) -> list:
+    """(sketch, decisions) of each sketch's default-like seed (`annotate.default_like`) for `tgt`."""
+    seeds = []
+    for sk in generate_sketches(cd, tgt):
+        s = default_like(sk)
+        if s is not None:
+            seeds.append((sk, decisions_of(sk, s)))
+    return seeds
+
+
 def test_default_like_seed_follows_the_unpacked_plan():
     """The Ansor sketches' default-like seed follows the plan: 16-row and 32-column tiles over the whole reduction,
     B not packed (the sketches' pack needs columns that its width divides; the padded plan's seed had 64-row
     tiles)."""
     tgt = ISAS["avx512"]
     cd = _compute(0, 64, 64, 500)
-    seeds = []
-    for sk in generate_sketches(cd, tgt):
-        s = default_like(sk)
-        if s is not None:
-            seeds.append((sk, decisions_of(sk, s)))
+    seeds = default_like_seeds(cd, tgt)
     assert seeds
     for sk, d in seeds:
         assert not any(d.pack), sk.rules
