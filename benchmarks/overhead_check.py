@@ -2,7 +2,7 @@
 transpose(dot) fold), interleaved in one run, with JAX-jit of the same run beside them.
 
     .venv/bin/python benchmarks/overhead_check.py [--models a,b] [--rounds 7] [--jax-python /tmp/vb/bin/python]
-        [--seconds 0.25] [--json out.json]
+        [--seconds 0.25] [--json out.json] [--size {bench,test}]
 
 Arms (settings changed for this process only, each model compiled once per arm):
   old     cpu_call_plan=off, fold_dot_transpose=off  (the glue program walked in Python per call)
@@ -16,7 +16,7 @@ Every arm's outputs are checked against JAX's (or the reference interpreter's wi
 on a shared machine: ratios matter, not absolute times; under load, the best calls say more than the
 medians.  `--profile` also times each kernel of the new arm alone (`Executable.profile`).
 
-Map: ARMS / compile_arm / time_arm / run_model / main
+Map: ARMS / compile_arm / time_arm / model_and_inputs / run_model / main
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bench_hlo_path, bench_inputs, compare, load_manifest, warm_malloc  # noqa: E402
+from common import MODELS_DIR, bench_hlo_path, bench_inputs, compare, load_manifest, warm_malloc  # noqa: E402
 from run_all import run_jax  # noqa: E402
 
 import hlotune  # noqa: E402
@@ -67,9 +67,17 @@ def time_arm(exe, args, seconds: float) -> list[float]:
     return times
 
 
+def model_and_inputs(name: str, entry: dict, size: str) -> tuple[Path, list[np.ndarray]]:
+    """The model file and its inputs: bench size (seeded normal inputs) or the fixture's test size (its npz)."""
+    if size == "bench":
+        return bench_hlo_path(name, entry), bench_inputs(name, entry)
+    with np.load(MODELS_DIR / entry["files"]["npz"]) as z:
+        args = [z[f"arg{i}"] for i in range(sum(f.startswith("arg") for f in z.files))]
+    return MODELS_DIR / entry["files"]["hlo"], args
+
+
 def run_model(name: str, entry: dict, a: argparse.Namespace) -> dict:
-    args = bench_inputs(name, entry)
-    path = bench_hlo_path(name, entry)
+    path, args = model_and_inputs(name, entry, a.size)
     exes = {arm: compile_arm(path, s) for arm, s in ARMS.items()}
     row: dict = {"model": name, "subgraphs": {arm: len(e._subgraphs) for arm, e in exes.items()}}
     with tempfile.TemporaryDirectory(prefix=f"hlotune-ovh-{name}-") as d:
@@ -134,6 +142,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=0.25, help="timing per arm per round")
     ap.add_argument("--jax-python", default="/tmp/vb/bin/python", help="python of a venv with JAX ('' for none)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--size", choices=("bench", "test"), default="bench",
+                    help="bench shapes, or the fixtures' test shapes (per-call overhead dominates there)")
     ap.add_argument("--profile", action="store_true", help="also time each kernel of the new arm alone")
     a = ap.parse_args()
     if a.jax_python and not Path(a.jax_python).exists():

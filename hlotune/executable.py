@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -46,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from . import config
-from .buffers import ALIGN, aligned_copy, aligned_empty
+from .buffers import ALIGN, aligned_copy, aligned_empty, aligned_empty_of, data_address
 from .errors import InputError, UnsupportedError
 from .ir.hlo import Op, flat_shapes
 from .target import Target
@@ -185,7 +186,7 @@ class CompiledSubgraph(_Subgraph):
 
     @staticmethod
     def _ptr(a: np.ndarray) -> int:
-        return a.ctypes.data
+        return data_address(a)
 
     def run(self, args: Sequence[np.ndarray], fresh: frozenset[int] = frozenset()):
         """Run on `args`; outputs numbered in `fresh` go to new arrays (they leave the executable),
@@ -195,7 +196,7 @@ class CompiledSubgraph(_Subgraph):
         ins = [a if a.dtype == dt and a.shape == shape and a.flags.c_contiguous
                else np.ascontiguousarray(a, dtype=dt).reshape(shape) for a, (dt, shape) in zip(args, self.in_specs)]
         outs, out_ptrs = self._outputs(fresh)
-        self.kernel.call_unchecked([a.ctypes.data for a in ins] + self._const_ptrs + out_ptrs)
+        self.kernel.call_unchecked([data_address(a) for a in ins] + self._const_ptrs + out_ptrs)
         return tuple(outs) if self.is_tuple else outs[0]
 
 
@@ -251,13 +252,13 @@ class Executable:
         return out
 
     def __call__(self, *arrays: Any) -> tuple[np.ndarray, ...]:
-        from .ir.interp import evaluate_computation
-
         if self._gpu is not None:  # cuda: device arrays in -> device arrays out; numpy in -> numpy out
             return self._gpu(arrays)
         args = self._check(arrays)
         if self._cpu_plan is not None:
             return self._cpu_plan.run(args)
+        from .ir.interp import evaluate_computation
+
         env: dict[str, Any] = {}
         fresh_ids: set[int] = set()
         for inst in self._glue.instructions:
@@ -554,7 +555,8 @@ class _CpuPlan:
         self.slots = (ctypes.c_uint64 * max(1, n_args + len(self.fresh)))()
         self._slots_address = ctypes.addressof(self.slots)
         self._n_args = n_args
-        self._fresh_specs = [(b.shape, b.dtype) for b in self.fresh]
+        self._fresh_specs = [(tuple(int(d) for d in b.shape), np.dtype(b.dtype),
+                              math.prod(b.shape) * np.dtype(b.dtype).itemsize) for b in self.fresh]
         if parallel is not None:
             from .codegen.llvm_cpu import num_threads
 
@@ -569,9 +571,9 @@ class _CpuPlan:
         """Run on checked arguments (shapes and dtypes right); the outputs as new arrays."""
         slots = self.slots
         keep = [a if a.flags.c_contiguous else aligned_copy(a) for a in args]
-        ptrs = [a.ctypes.data for a in keep]
-        fresh = [aligned_empty(shape, dtype) for shape, dtype in self._fresh_specs]
-        ptrs += [f.ctypes.data for f in fresh]
+        ptrs = [data_address(a) for a in keep]
+        fresh = [aligned_empty_of(*spec) for spec in self._fresh_specs]
+        ptrs += [data_address(f) for f in fresh]
         if self._rt is not None:
             self._rt.ensure_started(self._threads)   # (re)starts the workers after a fork
         with self._lock:   # the slot table and the arena are this executable's: one call at a time
@@ -591,9 +593,9 @@ class _CpuPlan:
         """(subgraph, workload key, median seconds) of each kernel call, timed alone on the buffers of one
         full run on `args` (a kernel reads only its inputs, so running it again gives the same outputs)."""
         keep = [a if a.flags.c_contiguous else aligned_copy(a) for a in args]
-        fresh = [aligned_empty(shape, dtype) for shape, dtype in self._fresh_specs]
-        ptr = {("arg", k): a.ctypes.data for k, a in enumerate(keep)}
-        ptr.update({("fresh", k): f.ctypes.data for k, f in enumerate(fresh)})
+        fresh = [aligned_empty_of(*spec) for spec in self._fresh_specs]
+        ptr = {("arg", k): data_address(a) for k, a in enumerate(keep)}
+        ptr.update({("fresh", k): data_address(f) for k, f in enumerate(fresh)})
         out = []
         with self._lock:
             self.slots[:len(ptr)] = [ptr["arg", k] for k in range(len(keep))] + [ptr["fresh", k]

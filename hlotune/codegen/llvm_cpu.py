@@ -45,6 +45,7 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from .. import config
+from ..buffers import data_address
 from ..errors import CompileError, HlotuneError, InputError
 from ..schedule_space.loop_ir import LoopFunc
 from ..target import Target
@@ -148,7 +149,7 @@ class CpuKernel:
                 a = np.ascontiguousarray(a)
             if is_out and not a.flags.writeable:
                 raise InputError(f"output {name!r} of kernel {self.func.name} is read-only")
-            p = a.ctypes.data
+            p = data_address(a)
             keep.append(a)
             ptrs.append(p)
             spans.append((p, p + a.nbytes, name, is_out))

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hlotune.buffers import ALIGN, aligned_copy, aligned_empty
+from hlotune.buffers import ALIGN, aligned_copy, aligned_empty, aligned_empty_of, data_address
 from hlotune.measure.records import ErrorKind
 from hlotune.measure.reference import TaskData
 from hlotune.measure.runner import TimingConfig, measure_kernel
@@ -29,6 +29,38 @@ def test_aligned_empty_and_copy(shape, dtype):
         t = aligned_copy(src.T)
         assert t.flags.c_contiguous and t.ctypes.data % ALIGN == 0
         np.testing.assert_array_equal(t, src.T)
+
+
+def test_aligned_empty_of_matches_aligned_empty():
+    for shape, dtype in [((64, 256), np.float32), ((3,), np.int64), ((), np.float64), ((2, 0, 5), np.float32)]:
+        dt = np.dtype(dtype)
+        a = aligned_empty_of(shape, dt, int(np.prod(shape)) * dt.itemsize)
+        assert a.shape == shape and a.dtype == dt and a.flags.c_contiguous and a.flags.writeable
+        assert a.ctypes.data % ALIGN == 0 or a.size == 0
+        a[...] = 1   # the whole buffer is writable memory of its own
+        assert (a == 1).all()
+
+
+class _Sub(np.ndarray):
+    pass
+
+
+def test_data_address_is_ctypes_data():
+    """The fast address read (a compiled model's call reads one per argument and output) gives what numpy's
+    `ctypes.data` gives, for every kind of array a caller may hand in: views at offsets, strided and
+    transposed views, reshaped views, 0-d and empty arrays, read-only arrays, subclasses, memory of another
+    owner (a bytearray), and a non-array object (through numpy)."""
+    base = np.arange(4 * 6 * 5, dtype=np.float32).reshape(4, 6, 5)
+    ro = base.copy()
+    ro.flags.writeable = False
+    cases = [base, base[1:], base[:, 2:, 1:], base[::2, ::3], base.T, base.reshape(-1)[7:], base[2:3, 3, 4].reshape(()),
+             np.full((), 3.0), np.empty((0, 3), np.int8), ro, base.view(_Sub)[1:],
+             np.frombuffer(bytearray(64), np.uint8)[5:], np.asarray([1, 2, 3], np.int16)]
+    for a in cases:
+        assert data_address(a) == a.ctypes.data, (a.shape, a.strides)
+    for _ in range(3):   # arrays come and go: the address is read from each one
+        a = np.empty(1000 + _, np.float32)
+        assert data_address(a) == a.ctypes.data
 
 
 def test_runner_times_on_aligned_buffers():
