@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import platform
 
 import numpy as np
 
@@ -31,6 +32,8 @@ def _data_field_offset() -> int | None:
     """Where an ndarray object keeps its data pointer: numpy's array struct starts with the object header
     and then `data` (what its C API's PyArray_DATA reads).  Checked here on arrays and views at distinct
     addresses; None (use `a.ctypes.data`) if the layout is not what it should be."""
+    if platform.python_implementation() != "CPython":   # id() is an object's address only in CPython
+        return None
     off = object.__basicsize__
     base = np.arange(64, dtype=np.float32)
     try:

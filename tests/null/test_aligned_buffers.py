@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from hlotune import buffers
 from hlotune.buffers import ALIGN, aligned_copy, aligned_empty, aligned_empty_of, data_address
 from hlotune.measure.records import ErrorKind
 from hlotune.measure.reference import TaskData
@@ -56,11 +57,19 @@ def test_data_address_is_ctypes_data():
     cases = [base, base[1:], base[:, 2:, 1:], base[::2, ::3], base.T, base.reshape(-1)[7:], base[2:3, 3, 4].reshape(()),
              np.full((), 3.0), np.empty((0, 3), np.int8), ro, base.view(_Sub)[1:],
              np.frombuffer(bytearray(64), np.uint8)[5:], np.asarray([1, 2, 3], np.int16)]
+    assert buffers._DATA_OFFSET == object.__basicsize__   # CPython: the fast read is the one in use
     for a in cases:
         assert data_address(a) == a.ctypes.data, (a.shape, a.strides)
     for _ in range(3):   # arrays come and go: the address is read from each one
         a = np.empty(1000 + _, np.float32)
         assert data_address(a) == a.ctypes.data
+
+
+def test_data_address_without_the_fast_read(monkeypatch):
+    """Where the layout check fails (another Python, another numpy), `ctypes.data` answers."""
+    monkeypatch.setattr(buffers, "_DATA_OFFSET", None)
+    a = np.arange(10, dtype=np.float32)[3:]
+    assert data_address(a) == a.ctypes.data
 
 
 def test_runner_times_on_aligned_buffers():
