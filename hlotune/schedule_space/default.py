@@ -87,12 +87,16 @@ UNPACKED_L1 = 2 / 3
 UNPACKED_MAX_ROWS_K = 1 << 16
 #: with 16 vector registers (AVX2), a GEMM with a short reduction reads B unpacked and each cache tile is one mr x nr
 #: micro-tile, its accumulators in registers over the whole reduction (`_unpacked_in_registers`): K at most
-#: UNPACKED16_MAX_K, B contiguous along the columns and its K x N floats within UNPACKED16_L2 of L2, rows x K at most
-#: UNPACKED_MAX_ROWS_K.  The plan it replaces packs B and goes through an L1 copy of the tile's accumulators.
-#: Measured on the 2-core Zen 1 host, compiled dense layers and batch_matmul (docs/benchmarks.md, CPU "the Zen 1
-#: host, tuned models and unpacked B in registers"): K = 32-96 1.03-1.20x; K = 128 0.76-1.13x (512 x 128 x 512
-#: loses), K = 192 and more ties or loses (the kernels alone: 0.78-1.00x), hence the limits
+#: UNPACKED16_MAX_K (or UNPACKED16_LONG_K with at most UNPACKED16_LONG_K_EXTENT rows and columns), B contiguous
+#: along the columns and its K x N floats within UNPACKED16_L2 of L2, rows x K at most UNPACKED_MAX_ROWS_K.  The plan it
+#: replaces packs B and goes through an L1 copy of the tile's accumulators.  Measured on the 2-core Zen 1 host,
+#: compiled dense layers and batch_matmul (docs/benchmarks.md, CPU "the Zen 1 host, tuned models and unpacked B in
+#: registers" and "unpacked B in registers for longer reductions"): K = 32-96 1.03-1.20x; K = 128-1024 with at most
+#: 128 rows and columns 1.03-1.93x over 11 shapes (64 x 1024 x 64 1.6-1.9x), but 256 rows or 512 columns tied or
+#: lost from one run to the next (256 x 256 x 256 1.06x then 0.78x, 512 x 128 x 512 0.76-0.81x in two sessions)
 UNPACKED16_MAX_K = 96
+UNPACKED16_LONG_K = 1024
+UNPACKED16_LONG_K_EXTENT = 128
 UNPACKED16_L2 = 0.5
 #: vector accumulators of a full reduction (hide the latency of the adds)
 REDUCE_VECS = 4
@@ -750,14 +754,16 @@ def _unpacked_short_k(red_stage: Stage, I: int, K: int, mr: int, nr: int, regs: 
 
 def _unpacked_in_registers(red_stage: Stage, I: int, K: int, regs: int, target: Target) -> bool:
     """Whether a GEMM on a target with 16 vector registers reads B unpacked with cache tiles of one micro-tile (its
-    accumulators in registers over the whole reduction): one reduce axis of at most UNPACKED16_MAX_K, B contiguous
-    along the columns with its K x N floats within UNPACKED16_L2 of L2 (every row tile sweeps all of it), rows x K at
-    most UNPACKED_MAX_ROWS_K.  As in `_unpacked_short_k`, a last column tile that nr does not divide overlaps the one
+    accumulators in registers over the whole reduction): one reduce axis of at most UNPACKED16_MAX_K (at most
+    UNPACKED16_LONG_K when neither rows nor columns exceed UNPACKED16_LONG_K_EXTENT), B contiguous along the columns
+    with its K x N floats within UNPACKED16_L2 of L2 (every row tile sweeps all of it), rows x K at most
+    UNPACKED_MAX_ROWS_K.  As in `_unpacked_short_k`, a last column tile that nr does not divide overlaps the one
     before."""
     b = _b_reuse(red_stage)
     l2 = target.l2_bytes or 256 * 1024
     J = red_stage.axes[-1].extent
-    return (regs < 32 and len(red_stage.reduce_axes) == 1 and b is not None and b[0] and K <= UNPACKED16_MAX_K
+    short = K <= UNPACKED16_MAX_K or (K <= UNPACKED16_LONG_K and max(I, J) <= UNPACKED16_LONG_K_EXTENT)
+    return (regs < 32 and len(red_stage.reduce_axes) == 1 and b is not None and b[0] and short
             and K * J * 4 <= l2 * UNPACKED16_L2 and I * K <= UNPACKED_MAX_ROWS_K)
 
 

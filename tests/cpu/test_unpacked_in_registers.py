@@ -1,5 +1,6 @@
 """Unpacked B in registers with 16 vector registers (`default._unpacked_in_registers`): on an AVX2 target a GEMM with
-one reduce axis of at most UNPACKED16_MAX_K, B contiguous along the columns with its K x N floats within
+one reduce axis of at most UNPACKED16_MAX_K (or UNPACKED16_LONG_K with at most UNPACKED16_LONG_K_EXTENT rows and
+columns), B contiguous along the columns with its K x N floats within
 UNPACKED16_L2 of L2 and rows x K at most UNPACKED_MAX_ROWS_K reads B as it is, each cache tile one mr x nr micro-tile
 over the whole reduction (no L1 copy of the accumulators, no pack); a last column tile that nr does not divide
 overlaps the one before.  Otherwise the packed plan.  Compiled with 2 cores whatever the host and compared to
@@ -30,6 +31,10 @@ AVX512 = dataclasses.replace(ISAS["avx512"], l2_bytes=512 * 1024)
     (4, 512, 64, 128),     # batched, B per batch
     (0, 256, 64, 500),     # 500 columns: 31 full tiles and one overlapping the 32nd
     (0, 64, 48, 32),       # matmul's test shape (too little work for threads: serial)
+    (0, 64, 256, 64),      # a longer reduction over few rows and columns (UNPACKED16_LONG_K)
+    (0, 64, 1024, 64),     # B 256 KiB, rows x K at UNPACKED_MAX_ROWS_K
+    (4, 128, 256, 128),    # batched, long K
+    (0, 100, 300, 100),    # long K, 100 columns: the last tile overlaps
 ])
 def test_unpacked_plan_and_results(b, m, k, n):
     cd = _compute(b, m, k, n)
@@ -48,7 +53,9 @@ def test_unpacked_plan_and_results(b, m, k, n):
 
 
 @pytest.mark.parametrize("tgt, b, m, k, n, t, why", [
-    (AVX2, 0, 256, 128, 256, False, "K over UNPACKED16_MAX_K"),
+    (AVX2, 0, 256, 128, 256, False, "K over UNPACKED16_MAX_K, 256 rows over UNPACKED16_LONG_K_EXTENT"),
+    (AVX2, 0, 64, 128, 256, False, "K over UNPACKED16_MAX_K, 256 columns over UNPACKED16_LONG_K_EXTENT"),
+    (AVX2, 0, 32, 2048, 32, False, "K over UNPACKED16_LONG_K"),
     (AVX2, 0, 256, 96, 1024, False, "B (384 KiB) over half of L2"),
     (AVX2, 0, 2048, 64, 256, False, "rows x K over UNPACKED_MAX_ROWS_K: the pack pays for itself"),
     (AVX2, 0, 256, 64, 256, True, "B stored [N, K]: not contiguous along the columns"),
