@@ -40,8 +40,8 @@ def _inputs(m, k, n, seed=0):
 
 
 @pytest.mark.parametrize("isa", sorted(ISAS))
-@pytest.mark.parametrize("m, k, rest", [(61, 40, 3), (67, 33, 1), (72, 100, 2)])  # rows not a multiple of 16 (or
-def test_awkward_dense_matches_numpy(m, k, rest, isa):     # of the micro-tile, or K over 96): the padded plan, packed
+@pytest.mark.parametrize("m, k, rest", [(61, 40, 3), (67, 33, 1), (72, 1100, 2)])  # rows not a multiple of 16 (or
+def test_awkward_dense_matches_numpy(m, k, rest, isa):     # of the micro-tile, or K over 1024): the padded plan, packed
     tgt = ISAS[isa]
     lanes = tgt.vector_bits // 32
     n = 2 * lanes * (2 + m % 3) - rest                    # just short of a multiple of the micro-tile width
