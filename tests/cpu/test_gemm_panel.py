@@ -42,7 +42,7 @@ def _dot(lhs, rhs, out, lc, rc, lb="", rb="", epilogue=False):
 CASES = {
     "matmul": _dot((256, 512), (512, 512), (256, 512), 1, 0),
     "dense_bias_relu": _dot((128, 256), (256, 512), (128, 512), 1, 0, epilogue=True),
-    "batched_own_b": _dot((4, 64, 128), (4, 128, 128), (4, 64, 128), 2, 1, "0", "0"),
+    "batched_own_b": _dot((4, 64, 128), (4, 128, 256), (4, 64, 256), 2, 1, "0", "0"),   # 256 columns: packed on AVX2
     "b_transposed": _dot((128, 256), (512, 256), (128, 512), 1, 1),
 }
 
