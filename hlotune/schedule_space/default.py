@@ -92,7 +92,7 @@ UNPACKED_MAX_ROWS_K = 1 << 16
 #: replaces packs B and goes through an L1 copy of the tile's accumulators.  Measured on the 2-core Zen 1 host,
 #: compiled dense layers and batch_matmul (docs/benchmarks.md, CPU "the Zen 1 host, tuned models and unpacked B in
 #: registers" and "unpacked B in registers for longer reductions"): K = 32-96 1.03-1.20x; K = 128-1024 with at most
-#: 128 rows and columns 1.03-1.93x over 11 shapes (64 x 1024 x 64 1.6-1.9x), but 256 rows or 512 columns tied or
+#: 128 rows and columns 1.17x over 13 shapes (0.94-1.75x, 64 x 1024 x 64 1.70x), but 256 rows or 512 columns tied or
 #: lost from one run to the next (256 x 256 x 256 1.06x then 0.78x, 512 x 128 x 512 0.76-0.81x in two sessions)
 UNPACKED16_MAX_K = 96
 UNPACKED16_LONG_K = 1024

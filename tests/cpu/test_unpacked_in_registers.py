@@ -1,10 +1,9 @@
 """Unpacked B in registers with 16 vector registers (`default._unpacked_in_registers`): on an AVX2 target a GEMM with
 one reduce axis of at most UNPACKED16_MAX_K (or UNPACKED16_LONG_K with at most UNPACKED16_LONG_K_EXTENT rows and
-columns), B contiguous along the columns with its K x N floats within
-UNPACKED16_L2 of L2 and rows x K at most UNPACKED_MAX_ROWS_K reads B as it is, each cache tile one mr x nr micro-tile
-over the whole reduction (no L1 copy of the accumulators, no pack); a last column tile that nr does not divide
-overlaps the one before.  Otherwise the packed plan.  Compiled with 2 cores whatever the host and compared to
-numpy."""
+columns), B contiguous along the columns with its K x N floats within UNPACKED16_L2 of L2 and rows x K at most
+UNPACKED_MAX_ROWS_K reads B as it is, each cache tile one mr x nr micro-tile over the whole reduction (no L1 copy of
+the accumulators, no pack); a last column tile that nr does not divide overlaps the one before.  Otherwise the packed
+plan.  Compiled with 2 cores whatever the host and compared to numpy."""
 
 from __future__ import annotations
 
