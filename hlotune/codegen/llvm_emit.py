@@ -57,7 +57,7 @@ import numpy as np
 
 from .. import config
 from ..errors import CompileError
-from ..ir.expr import INDEX, Binary, Cast, Compare, Const, Expr, Load, Select, Unary, Var, walk
+from ..ir.expr import INDEX, Binary, Cast, Compare, Const, Expr, Load, Select, Unary, Var, substitute, walk
 from ..ir.hlo import DType, Op
 from ..schedule_space.loop_ir import Allocate, Barrier, For, ForKind, If, LoopFunc, Seq, Stmt, Store, walk_stmts
 from .cpu_runtime import LAUNCH_NAME, TASK_PTR, is_x86
@@ -66,6 +66,13 @@ from .partition import partition_tails
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 PTR = ir.PointerType()
+I32 = ir.IntType(32)
+#: the loop pragma (`Pragma(stage, iter, "prefetch_rows", d)`) whose loop prefetches, spread over its iterations, the
+#: rows `d` ahead of its enclosing loop's of the kernel arguments that loop walks row by row (`_prefetch_plan`)
+PREFETCH_ROWS = "prefetch_rows"
+#: a float vector divided by a uniform divisor is multiplied by its reciprocal (`FuncEmitter._uniform_division`)
+UNIFORM_DIVISION = True
+CACHE_LINE = 64
 VOID = ir.VoidType()
 LOCAL_STACK_LIMIT = 256 * 1024
 
@@ -388,6 +395,7 @@ class FuncEmitter:
         self.consts: dict[str, int] = {}   # variables of unrolled loops (constant right now)
         self.vec_base: int | None = 0       # the vectorized loop's first value when constant
         self.nt_used = False                # made a non-temporal store: sfence before returning
+        self.outer: list[tuple[str, Stmt]] = []   # the serial loops being emitted (var, body), outermost first
 
     def finish(self) -> None:
         self.entry.branch(self.fn.basic_blocks[1])
@@ -443,8 +451,58 @@ class FuncEmitter:
         self.memo = {}
         lo = self.index(s.min)
         hi = self.b.add(lo, self.index(s.extent), flags=["nsw"])
+        ahead = int(dict(s.annotations).get(PREFETCH_ROWS, 0) or 0)
+        plan = self._prefetch_plan(ahead, n) if ahead > 0 and n and self.outer else None
         with self._range_of(s):
-            self.serial(s.var.name, lo, hi, s.body)
+            self.serial(s.var.name, lo, hi, s.body, plan)
+
+    # ---- prefetch_rows ----
+    def _prefetch_plan(self, ahead: int, n: int) -> list[tuple]:
+        """What a loop of `n` iterations under the pragma `prefetch_rows` = `ahead` prefetches: for each kernel
+        argument that the enclosing serial loop (the row loop) walks with one constant positive stride (elements per
+        row), the offset expression of its row's start (the variables of loops inside the row loop at their first
+        value), that stride, its cache lines per row, slots per iteration and whether the row loop stores to it."""
+        rvar, rbody = self.outer[-1]
+        params = {p.name for p in self.me.func.params}
+        first = {st.var.name: st.min for st in walk_stmts(rbody) if isinstance(st, For)}
+        if not all(isinstance(m, Const) for m in first.values()):
+            return []
+        acc: dict[str, list[tuple[tuple[Expr, ...], bool]]] = {}
+        for st in walk_stmts(rbody):
+            if isinstance(st, Store) and st.buffer in params:
+                acc.setdefault(st.buffer, []).append((st.indices, True))
+        for ld in _loads(rbody):
+            if ld.buffer in params:
+                acc.setdefault(ld.buffer, []).append((ld.indices, False))
+        plan = []
+        for name, uses in sorted(acc.items()):
+            buf = self.bufs[name]
+            strides = {_access_coeff(idx, buf.shape, rvar) for idx, _ in uses}
+            stride = strides.pop() if len(strides) == 1 else None
+            if not stride or stride < 0:
+                continue
+            start = sum((Binary(Op.MULTIPLY, substitute(e, first), Const(st, INDEX), INDEX)
+                         for e, st in zip(uses[0][0], buf.strides)), Const(0, INDEX))
+            lines = -(-stride * elem_bytes(buf.dtype) // CACHE_LINE)
+            plan.append((buf, start, stride, lines, -(-lines // n), any(w for _, w in uses), ahead, n))
+        return plan
+
+    def _prefetch(self, plan: list[tuple], i: ir.Value, lo: ir.Value) -> None:
+        """One iteration's share of the rows `ahead` ahead (`_prefetch_plan`): slot k of the loop's n * per slots
+        prefetches line k * lines // (n * per) of the row, so the lines are spread evenly over the iterations."""
+        b = self.b
+        fn = self.me.module.globals.get("llvm.prefetch.p0") or ir.Function(
+            self.me.module, ir.FunctionType(VOID, [PTR, I32, I32, I32]), "llvm.prefetch.p0")
+        j = b.sub(i, lo, flags=["nsw"])
+        for buf, start, stride, lines, per, write, ahead, n in plan:
+            row = b.add(self.index(start), ir.Constant(I64, ahead * stride), flags=["nsw"])
+            per_line = CACHE_LINE // elem_bytes(buf.dtype)
+            for q in range(per):
+                slot = b.add(b.mul(j, ir.Constant(I64, per), flags=["nsw"]), ir.Constant(I64, q), flags=["nsw"])
+                line = b.sdiv(b.mul(slot, ir.Constant(I64, lines), flags=["nsw"]), ir.Constant(I64, n * per))
+                off = b.add(row, b.mul(line, ir.Constant(I64, per_line), flags=["nsw"]), flags=["nsw"])
+                ptr = b.gep(buf.ptr, [off], inbounds=False, source_etype=store_type(buf.dtype))
+                b.call(fn, [ptr, ir.Constant(I32, int(write)), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
     @contextmanager
     def _range_of(self, s: For):
@@ -500,7 +558,7 @@ class FuncEmitter:
     def _shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: v.shape for k, v in self.bufs.items()}
 
-    def serial(self, var: str, lo: ir.Value, hi: ir.Value, body: Stmt) -> None:
+    def serial(self, var: str, lo: ir.Value, hi: ir.Value, body: Stmt, prefetch: list | None = None) -> None:
         b = self.b
         pre = b.block
         loop = b.append_basic_block(f"for.{var}")
@@ -511,7 +569,13 @@ class FuncEmitter:
         i.add_incoming(lo, pre)
         old = self.vars.get(var)
         self.vars[var] = i
-        self.stmt(body)
+        if prefetch:
+            self._prefetch(prefetch, i, lo)
+        self.outer.append((var, body))
+        try:
+            self.stmt(body)
+        finally:
+            self.outer.pop()
         nxt = b.add(i, ir.Constant(I64, 1), flags=["nsw"])
         i.add_incoming(nxt, b.block)
         b.cbranch(b.icmp_signed("<", nxt, hi), loop, done)
@@ -1027,7 +1091,11 @@ class FuncEmitter:
 
     # binary ops
     def binary(self, e: Binary, index: bool) -> ir.Value:
-        a, b_ = self._pair(self.expr(e.a, index), self.expr(e.b, index))
+        a, b_ = self.expr(e.a, index), self.expr(e.b, index)
+        if (e.op is Op.DIVIDE and e.dtype in (DType.F32, DType.F64) and e.a.dtype is e.dtype and UNIFORM_DIVISION
+                and isinstance(a.type, ir.VectorType) and not isinstance(b_.type, ir.VectorType)):
+            return self._uniform_division(a, b_)
+        a, b_ = self._pair(a, b_)
         dt = e.a.dtype
         if dt.is_float:
             return self._round_result(e.dtype, self._float_binary(e.op, a, b_, dt))
@@ -1056,6 +1124,33 @@ class FuncEmitter:
         if op in MATH_OPS:
             return self._math(op, [a, c])
         raise CompileError(f"binary op {op.value} is not supported on floats by the CPU code generator")
+
+    def _uniform_division(self, a: ir.Value, c: ir.Value) -> ir.Value:
+        """a / c for a float vector a and a uniform (scalar) c: a * (1 / c), one division per loop instead of one per
+        vector, as XLA's algebraic simplifier rewrites A / broadcast(B) into A * broadcast(1 / B) (softmax's
+        e / sum and layernorm's (x - mean) / sqrt(var + eps) are such quotients; the result differs from the
+        division by at most an ulp and a half, as XLA's does).  Where 1 / c would not be a normal number (|c| above
+        2^(emax - 1) or below the smallest normal, zero, inf, NaN) the vector division runs instead, a branch on
+        a value uniform over the loop."""
+        b = self.b
+        fty = c.type
+        tiny = 2.0 ** (-1022 if isinstance(fty, ir.DoubleType) else -126)
+        y = b.fdiv(ir.Constant(fty, 1.0), c)
+        ac = intrinsic(b, "fabs", [c])
+        ok = b.and_(b.fcmp_ordered(">=", ac, ir.Constant(fty, tiny)),
+                    b.fcmp_ordered("<=", ac, ir.Constant(fty, 0.5 / tiny)))
+        n = a.type.count
+        with b.if_else(ok) as (fast, slow):
+            with fast:
+                fast_v = b.fmul(a, self._splat(y, n))
+                fast_bb = b.block
+            with slow:
+                slow_v = b.fdiv(a, self._splat(c, n))
+                slow_bb = b.block
+        out = b.phi(a.type)
+        out.add_incoming(fast_v, fast_bb)
+        out.add_incoming(slow_v, slow_bb)
+        return out
 
     def _pred_binary(self, op: Op, a: ir.Value, c: ir.Value) -> ir.Value:
         b = self.b

@@ -44,7 +44,7 @@ from ..ir.expr import Binary, ComputeDef, Load, Select, Stage, Unary, Var, walk
 from ..ir.hlo import TRANSCENDENTAL, Op
 from ..target import Target
 from .loop_ir import ForKind
-from .steps import Annotate, CacheWrite, ComputeAt, Fuse, Pack, Pad, Reorder, RFactor, Split, Step
+from .steps import Annotate, CacheWrite, ComputeAt, Fuse, Pack, Pad, Pragma, Reorder, RFactor, Split, Step
 
 #: a stage with fewer scalar operations than this runs on one thread
 PARALLEL_MIN_WORK = 1 << 16
@@ -134,6 +134,11 @@ PACK_KB = 16
 #: vectors whose long dependency chains overlap (`_math_lanes`)
 POLY_MATH = TRANSCENDENTAL - {Op.SQRT, Op.RSQRT}
 MATH_LANES = 16
+#: a row plan's full-row stage that evaluates a POLY_MATH function prefetches the rows this far ahead of the row
+#: loop (pragma `prefetch_rows`, codegen.llvm_emit) of the arguments the row loop walks, spread over its loop, so
+#: the memory traffic of the next row overlaps the math of this one (the row's other passes read L1).  0: off.
+#: Measured on an AMD Zen 1 (docs/benchmarks.md, session 51): softmax 4096 x 1024 1.26x.
+ROW_PREFETCH_AHEAD = 1
 #: largest row tile and k block the search tries in the column-panel GEMM sketch (`gemm_sketch`)
 GEMM_MAX_ROWS = 256
 GEMM_MAX_KC = 512
@@ -264,8 +269,20 @@ def _row_steps(host: Stage, k: int, attached: list[Stage], lanes: int, names: se
     steps += [ComputeAt(s.name, h, at) for s in attached]
     for s in attached:
         if not s.is_reduction:
-            steps += _row_vectorize(s, lanes, holes)
+            steps += _row_vectorize(s, lanes, holes) + _row_prefetch(s, lanes)
     return steps
+
+
+def _row_prefetch(stage: Stage, lanes: int) -> list[Step]:
+    """The pragma `prefetch_rows` (ROW_PREFETCH_AHEAD) on the vector-split loop of a full-row stage that evaluates a
+    POLY_MATH function: the row's memory traffic is then in flight while its math runs."""
+    if ROW_PREFETCH_AHEAD <= 0 or not any(isinstance(e, Unary | Binary) and e.op in POLY_MATH
+                                          for e in walk(stage.body)):
+        return []
+    last = stage.axes[-1]
+    if not _vector_width(last.extent, _math_lanes(stage, lanes)):
+        return []
+    return [Pragma(stage.name, f"{last.name}.0", "prefetch_rows", ROW_PREFETCH_AHEAD)]
 
 
 def _row_plan(cd: ComputeDef, lanes: int, names: set[str],

@@ -65,7 +65,8 @@ from .steps import (
 )
 
 SCOPES = ("global", "local", "shared")
-PRAGMAS = ("auto_unroll_max_step", "unroll_explicit", "tensor_core")   # tensor_core: codegen.cuda GEMM template
+#: loop pragmas (tensor_core: codegen.cuda GEMM template; prefetch_rows: codegen.llvm_emit, ignored elsewhere)
+PRAGMAS = ("auto_unroll_max_step", "unroll_explicit", "tensor_core", "prefetch_rows")
 
 
 @dataclass(frozen=True)
