@@ -54,7 +54,7 @@ def _note(task, sk, s) -> None:
             if it.kind is ForKind.VECTORIZED:
                 COVERAGE["widths"].add(it.extent)
             COVERAGE["parallel"] += it.kind is ForKind.PARALLEL
-            COVERAGE["unroll"] |= {v for _, v in it.pragmas}
+            COVERAGE["unroll"] |= {v for name, v in it.pragmas if name == "auto_unroll_max_step"}
         if st.attach.kind == "at":
             COVERAGE["at_levels"].add(state.stage(st.attach.stage).iter_pos(st.attach.iter))
     COVERAGE["cache_write"] += any(isinstance(x, CacheWrite) for x in s.steps)

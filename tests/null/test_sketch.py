@@ -230,8 +230,7 @@ def test_sample_space_has_what_the_property_test_needs():
                     for it in st.iters:
                         if it.kind is ForKind.VECTORIZED:
                             seen["widths"].add(it.extent)
-                        for _, v in it.pragmas:
-                            seen["unroll"].add(v)
+                        seen["unroll"] |= {v for name, v in it.pragmas if name == "auto_unroll_max_step"}
                     if st.attach.kind == "at":
                         t = state.stage(st.attach.stage)
                         seen["at_levels"].add(t.iter_pos(st.attach.iter))
