@@ -38,6 +38,11 @@ Conventions (see loop_ir's docstring for the IR's own):
   store tests its address and stores normally when it is not 16-byte aligned (a predictable branch per vector).
   Every function that made one ends with `sfence`, so the stores are visible before the parallel runtime reports
   the chunk done.
+- Loops under the pragma `prefetch_rows` = d (`_prefetch_plan`) prefetch, spread over their iterations, the rows d
+  ahead of their enclosing serial loop of every kernel argument that loop walks with one constant stride (for
+  writing where it stores to it): a row plan's math then runs while the next row's memory traffic does.
+- A float vector divided by a uniform (scalar) value is multiplied by its reciprocal, computed once, as XLA rewrites
+  A / broadcast(B) (`_uniform_division`; the division where the reciprocal is not a normal number).
 - Allocate: scope "local" (at most LOCAL_STACK_LIMIT bytes) is an alloca in the function's entry block;
   "global", "shared" and large ones are `aligned_alloc(64, ...)` before the body and `free` after it.
 - PARALLEL loops (outermost of their nest) are outlined: `NAME_parK(bufs..., vars..., begin, end)`
@@ -66,7 +71,6 @@ from .partition import partition_tails
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 PTR = ir.PointerType()
-I32 = ir.IntType(32)
 #: the loop pragma (`Pragma(stage, iter, "prefetch_rows", d)`) whose loop prefetches, spread over its iterations, the
 #: rows `d` ahead of its enclosing loop's of the kernel arguments that loop walks row by row (`_prefetch_plan`)
 PREFETCH_ROWS = "prefetch_rows"

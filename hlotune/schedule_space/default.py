@@ -137,7 +137,8 @@ MATH_LANES = 16
 #: a row plan's full-row stage that evaluates a POLY_MATH function prefetches the rows this far ahead of the row
 #: loop (pragma `prefetch_rows`, codegen.llvm_emit) of the arguments the row loop walks, spread over its loop, so
 #: the memory traffic of the next row overlaps the math of this one (the row's other passes read L1).  0: off.
-#: Measured on an AMD Zen 1 (docs/benchmarks.md, session 51): softmax 4096 x 1024 1.26x.
+#: Measured on an AMD Zen 1 (docs/benchmarks.md, session 51): softmax 4096 x 1024 1.12x alone, 1.32x with the
+#: uniform division of codegen.llvm_emit (its last pass then no longer waits on `vdivps`).
 ROW_PREFETCH_AHEAD = 1
 #: largest row tile and k block the search tries in the column-panel GEMM sketch (`gemm_sketch`)
 GEMM_MAX_ROWS = 256
