@@ -4,6 +4,7 @@ Map:
   ALIGN                       64 bytes: a cache line (and an AVX-512 vector)
   aligned_empty(shape, dtype) an uninitialized C-contiguous array whose data starts on an ALIGN boundary
   aligned_empty_of(shape, dt, nbytes)   the same, shape / dtype / size already converted
+  aligned_empty_apart(shape, dt, nbytes, others)   the same, placed off the others' page offsets (4K aliasing)
   aligned_copy(a)             a C-contiguous copy of `a` on an ALIGN boundary
   data_address(a)             the address of an array's first byte, read from the array object itself (0.6 us
                               where `a.ctypes.data` takes 3-4 us: a compiled model's call reads one per argument)
@@ -68,6 +69,35 @@ def aligned_empty_of(shape: tuple[int, ...], dt: np.dtype, nbytes: int) -> np.nd
     return np.ndarray(shape, dt, raw, (-data_address(raw)) % ALIGN)
 
 
+#: a load whose address equals an older, still pending store's in its low 12 bits waits for that store (the core
+#: compares only those bits first: "4K aliasing").  A kernel streaming an input into an output that starts a little
+#: after the input's page offset hits that on every vector: gelu_tanh's elementwise kernel (32 MB in, 32 MB out) ran
+#: 20.0-20.2 ms with the output's page offset 0 or 128-4080 bytes past the input's and 27.5-29.8 ms 16-96 bytes past
+#: it (AMD Zen 1, docs/benchmarks.md, session 51), and glibc puts every large array 16 bytes past a page, so an
+#: ALIGN-aligned output was 48 bytes past its input every time.
+ALIAS_SPAN = 4096
+#: outputs of at least this many bytes are placed by `aligned_empty_apart`
+APART_MIN_BYTES = 1 << 18
+
+
+def aligned_empty_apart(shape: tuple[int, ...], dt: np.dtype, nbytes: int, others: list[int]) -> np.ndarray:
+    """`aligned_empty_of`, with the array's first byte placed modulo ALIAS_SPAN at the same offset as one of the
+    buffers at addresses `others` or just before it (one ALIGN), whichever leaves the least of them with the array
+    starting a little after it (the aliasing window): the array's stores then trail every stream read at the same
+    index instead of running just ahead of one."""
+    raw = np.empty(nbytes + ALIGN + ALIAS_SPAN, dtype=np.uint8)
+    addr = data_address(raw)
+    base = addr + (-addr) % ALIGN
+    if not others:
+        return np.ndarray(shape, dt, raw, base - addr)
+    cands = {0}
+    for o in others:
+        same = (o - base) % ALIAS_SPAN // ALIGN * ALIGN
+        cands.update((same, (same - ALIGN) % ALIAS_SPAN))
+    off = max(sorted(cands), key=lambda c: min((base + c - o) % ALIAS_SPAN or ALIAS_SPAN for o in others))
+    return np.ndarray(shape, dt, raw, base - addr + off)
+
+
 def aligned_copy(a: np.ndarray) -> np.ndarray:
     """A C-contiguous, ALIGN-aligned copy of `a` (same shape and dtype)."""
     out = aligned_empty(a.shape, a.dtype)
@@ -75,4 +105,5 @@ def aligned_copy(a: np.ndarray) -> np.ndarray:
     return out
 
 
-__all__ = ["ALIGN", "aligned_empty", "aligned_copy", "data_address", "aligned_empty_of"]
+__all__ = ["ALIGN", "aligned_empty", "aligned_copy", "data_address", "aligned_empty_of", "aligned_empty_apart",
+           "ALIAS_SPAN", "APART_MIN_BYTES"]

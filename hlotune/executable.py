@@ -47,7 +47,15 @@ from typing import Any
 import numpy as np
 
 from . import config
-from .buffers import ALIGN, aligned_copy, aligned_empty, aligned_empty_of, data_address
+from .buffers import (
+    ALIGN,
+    APART_MIN_BYTES,
+    aligned_copy,
+    aligned_empty,
+    aligned_empty_apart,
+    aligned_empty_of,
+    data_address,
+)
 from .errors import InputError, UnsupportedError
 from .ir.hlo import Op, flat_shapes
 from .target import Target
@@ -557,6 +565,7 @@ class _CpuPlan:
         self._n_args = n_args
         self._fresh_specs = [(tuple(int(d) for d in b.shape), np.dtype(b.dtype),
                               math.prod(b.shape) * np.dtype(b.dtype).itemsize) for b in self.fresh]
+        self._apart = any(spec[2] >= APART_MIN_BYTES for spec in self._fresh_specs)
         if parallel is not None:
             from .codegen.llvm_cpu import num_threads
 
@@ -572,7 +581,10 @@ class _CpuPlan:
         slots = self.slots
         keep = [a if a.flags.c_contiguous else aligned_copy(a) for a in args]
         ptrs = [data_address(a) for a in keep]
-        fresh = [aligned_empty_of(*spec) for spec in self._fresh_specs]
+        if self._apart:
+            fresh = self._fresh_apart(keep, ptrs)
+        else:
+            fresh = [aligned_empty_of(*spec) for spec in self._fresh_specs]
         ptrs += [data_address(f) for f in fresh]
         if self._rt is not None:
             self._rt.ensure_started(self._threads)   # (re)starts the workers after a fork
@@ -589,11 +601,25 @@ class _CpuPlan:
             out.append(np.array(src, copy=True).reshape(dims))
         return tuple(out)
 
+    def _fresh_apart(self, keep: list[np.ndarray], ptrs: list[int]) -> list[np.ndarray]:
+        """The outputs, each big one placed off the page offsets of the big arguments and of the big outputs before
+        it (`buffers.aligned_empty_apart`: no 4K aliasing between a stream read and a stream written)."""
+        others = [p for p, a in zip(ptrs, keep) if a.nbytes >= APART_MIN_BYTES]
+        fresh = []
+        for spec in self._fresh_specs:
+            if spec[2] >= APART_MIN_BYTES:
+                f = aligned_empty_apart(*spec, others)
+                others.append(data_address(f))
+            else:
+                f = aligned_empty_of(*spec)
+            fresh.append(f)
+        return fresh
+
     def profile(self, args: list[np.ndarray], repeats: int) -> list[tuple[str, str, float]]:
         """(subgraph, workload key, median seconds) of each kernel call, timed alone on the buffers of one
         full run on `args` (a kernel reads only its inputs, so running it again gives the same outputs)."""
         keep = [a if a.flags.c_contiguous else aligned_copy(a) for a in args]
-        fresh = [aligned_empty_of(*spec) for spec in self._fresh_specs]
+        fresh = self._fresh_apart(keep, [data_address(a) for a in keep])
         ptr = {("arg", k): data_address(a) for k, a in enumerate(keep)}
         ptr.update({("fresh", k): data_address(f) for k, f in enumerate(fresh)})
         out = []

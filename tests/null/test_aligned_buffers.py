@@ -88,3 +88,50 @@ def test_runner_times_on_aligned_buffers():
     assert kind is ErrorKind.NONE, msg
     assert len(costs) == 2
     assert seen == [[0, 0]]
+
+
+def _ahead(out: int, other: int) -> int:
+    """How far `out` starts after `other` modulo the aliasing span (0: the same page offset, counted as the most)."""
+    return (out - other) % buffers.ALIAS_SPAN or buffers.ALIAS_SPAN
+
+
+@pytest.mark.parametrize("n_others", [1, 2, 3, 5])
+def test_aligned_empty_apart_places_the_array_behind_the_others(n_others):
+    """Over random page offsets of the other buffers: the array is ALIGN-aligned, writable and of the right shape,
+    and no ALIGN-aligned place (brute force over the span) would start it further from the nearest other it starts
+    after; with one other it starts at that other's offset or less than ALIGN behind it."""
+    rng = np.random.default_rng(n_others)
+    span, align = buffers.ALIAS_SPAN, ALIGN
+    for _ in range(40):
+        others = [(1 << 20) + int(v) * 16 for v in rng.integers(0, span // 16, n_others)]
+        a = buffers.aligned_empty_apart((7, 33), np.dtype(np.float32), 7 * 33 * 4, others)
+        addr = data_address(a)
+        assert addr % align == 0 and a.flags.c_contiguous and a.flags.writeable and a.shape == (7, 33)
+        a[...] = 1.5
+        assert float(a.sum()) == 1.5 * 7 * 33
+        got = min(_ahead(addr, o) for o in others)
+        best = max(min(_ahead(p, o) for o in others) for p in range(0, span, align))
+        assert got == best, (others, addr % span)
+        if n_others == 1:
+            assert got > span - align
+
+
+def test_compiled_model_output_not_just_after_its_input():
+    """A compiled elementwise model's big output starts at its input's page offset or just before it, never just
+    after it (the window where every store stalls the loads behind it), wherever the input starts; the results are
+    numpy's."""
+    import hlotune
+
+    n = 1 << 17   # 512 KiB of float32: above APART_MIN_BYTES
+    exe = hlotune.compile(f"HloModule m\n\nENTRY main {{\n  x = f32[{n}]{{0}} parameter(0)\n"
+                          f"  c = f32[] constant(2)\n  b = f32[{n}]{{0}} broadcast(c), dimensions={{}}\n"
+                          f"  ROOT y = f32[{n}]{{0}} multiply(x, b)\n}}\n")
+    raw = aligned_empty((n + 1024,), np.float32)
+    for shift in (0, 4, 12, 16, 100, 1000):   # floats past an aligned address
+        x = raw[shift:shift + n]
+        x[...] = np.arange(n, dtype=np.float32) - shift
+        y = exe(x)
+        y = y[0] if isinstance(y, tuple) else y
+        ahead = (data_address(y) - data_address(x)) % buffers.ALIAS_SPAN
+        assert ahead == 0 or ahead > buffers.ALIAS_SPAN - ALIGN, ahead   # at the input's offset or just before it
+        np.testing.assert_array_equal(y, x * 2)
