@@ -66,7 +66,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import config
-from ..buffers import aligned_copy
+from ..buffers import APART_MIN_BYTES, aligned_copy, aligned_empty_apart, aligned_empty_of, data_address
 from ..target import Target
 from .records import BuildResult, ErrorKind, MeasureResult
 from .reference import TaskData, compare, poison
@@ -224,21 +224,37 @@ def _no_pace(next_s: float = 0.0) -> None:
     return None
 
 
+def _outputs_apart(expected: list[np.ndarray], inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Poisoned output buffers, ALIGN-aligned (the same timing on every allocation) and each big one placed off the
+    page offsets of the big inputs and outputs before it (`buffers.aligned_empty_apart`: a candidate's timing does
+    not depend on whether its output happened to start just after an input, modulo 4 KiB)."""
+    others = [data_address(a) for a in inputs if a.nbytes >= APART_MIN_BYTES]
+    outs = []
+    for ref in expected:
+        if ref.nbytes >= APART_MIN_BYTES:
+            out = aligned_empty_apart(tuple(ref.shape), ref.dtype, ref.nbytes, others)
+            others.append(data_address(out))
+        else:
+            out = aligned_empty_of(tuple(ref.shape), ref.dtype, ref.nbytes)
+        np.copyto(out, poison(ref), casting="no")
+        outs.append(out)
+    return outs
+
+
 def measure_kernel(kernel, data: TaskData, timing: TimingConfig, fault: str | None = None,
                    flusher: _Flusher | None = None, pace=None) -> tuple[ErrorKind, str, tuple[float, ...]]:
     """Check and time a loaded kernel on the task's inputs: (error kind, message, costs).  `pace(seconds)` is
     called before each timed stretch with its expected length (an RtPacer, for a real-time runner)."""
     pace = pace or _no_pace
     func = kernel.func
-    outs = []
     for b, ref in zip(func.outputs, data.expected):
         if tuple(b.shape) != ref.shape or b.dtype.np != ref.dtype:
             return (ErrorKind.WRONG_ANSWER, f"output {b.name}: {b.dtype.value}{list(b.shape)}, reference has "
                     f"{ref.dtype}{list(ref.shape)}", ())
-        outs.append(aligned_copy(poison(ref)))   # aligned: the same timing on every allocation
-    if len(outs) != len(data.expected) or len(func.inputs) != len(data.inputs):
+    if len(func.outputs) != len(data.expected) or len(func.inputs) != len(data.inputs):
         return ErrorKind.WRONG_ANSWER, "the kernel's buffers do not match the task's", ()
     inputs = [aligned_copy(a) for a in data.inputs]
+    outs = _outputs_apart(data.expected, inputs)
     run = kernel.bind(*inputs, *outs)
     _inject_run_fault(fault, "run")
     pace(0.0)

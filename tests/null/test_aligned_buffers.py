@@ -135,3 +135,21 @@ def test_compiled_model_output_not_just_after_its_input():
         ahead = (data_address(y) - data_address(x)) % buffers.ALIAS_SPAN
         assert ahead == 0 or ahead > buffers.ALIAS_SPAN - ALIGN, ahead   # at the input's offset or just before it
         np.testing.assert_array_equal(y, x * 2)
+
+
+def test_runner_outputs_apart_from_inputs():
+    """The runner's output buffers: poisoned like the reference, aligned, and the big ones at a big input's page
+    offset or just before it, whatever offsets the inputs have."""
+    from hlotune.measure.runner import _outputs_apart, poison
+
+    n = 1 << 17
+    raw = aligned_empty((n + 1024,), np.float32)
+    for shift in (0, 4, 16, 20):
+        x = raw[shift:shift + n]
+        ref = np.arange(n, dtype=np.float32)
+        (out, small) = _outputs_apart([ref, np.ones(8, np.float32)], [x])
+        assert data_address(out) % ALIGN == 0 and data_address(small) % ALIGN == 0
+        ahead = (data_address(out) - data_address(x)) % buffers.ALIAS_SPAN
+        assert ahead == 0 or ahead > buffers.ALIAS_SPAN - ALIGN, ahead
+        np.testing.assert_array_equal(out, poison(ref))
+        np.testing.assert_array_equal(small, poison(np.ones(8, np.float32)))
