@@ -15,21 +15,19 @@ from hlotune.schedule_space.default import default_schedule
 from hlotune.schedule_space.lower import lower
 from hlotune.schedule_space.steps import Pragma
 
-SOFTMAX = """HloModule softmax
+#: the scalar reducers: name -> HLO op
+REDUCERS = {"max_f": "maximum", "add_f": "add"}
 
-max_f {{
-  a = f32[] parameter(0)
-  b = f32[] parameter(1)
-  ROOT m = f32[] maximum(a, b)
-}}
 
-add_f {{
-  a = f32[] parameter(0)
-  b = f32[] parameter(1)
-  ROOT s = f32[] add(a, b)
-}}
+def module(name: str, body: str) -> str:
+    """An HLO module with the scalar reducers of REDUCERS and `body` as its entry."""
+    regions = "".join(f"{r} {{\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] {op}(a, b)\n}}\n\n"
+                      for r, op in REDUCERS.items())
+    return f"HloModule {name}\n\n{regions}ENTRY main {{\n{body}}}\n"
 
-ENTRY main {{
+
+def softmax_hlo(r: int, c: int) -> str:
+    return module("softmax", f"""\
   x = f32[{r},{c}]{{1,0}} parameter(0)
   ninf = f32[] constant(-inf)
   mx = f32[{r}]{{0}} reduce(x, ninf), dimensions={{1}}, to_apply=max_f
@@ -40,25 +38,18 @@ ENTRY main {{
   s = f32[{r}]{{0}} reduce(e, zero), dimensions={{1}}, to_apply=add_f
   sb = f32[{r},{c}]{{1,0}} broadcast(s), dimensions={{0}}
   ROOT y = f32[{r},{c}]{{1,0}} divide(e, sb)
-}}
-"""
+""")
 
-LAYERNORM_LIKE = """HloModule centre
 
-add_f {{
-  a = f32[] parameter(0)
-  b = f32[] parameter(1)
-  ROOT s = f32[] add(a, b)
-}}
-
-ENTRY main {{
+def centre_hlo(r: int, c: int) -> str:
+    """x minus its row sums (a row plan without a math function)."""
+    return module("centre", f"""\
   x = f32[{r},{c}]{{1,0}} parameter(0)
   zero = f32[] constant(0)
   s = f32[{r}]{{0}} reduce(x, zero), dimensions={{1}}, to_apply=add_f
   sb = f32[{r},{c}]{{1,0}} broadcast(s), dimensions={{0}}
   ROOT y = f32[{r},{c}]{{1,0}} subtract(x, sb)
-}}
-"""
+""")
 
 
 def compute_of(text: str):
@@ -84,7 +75,7 @@ def prefetches(ir_text: str) -> list[str]:
 
 @pytest.mark.parametrize("rows, cols", [(64, 256), (5, 200), (3, 40)])   # parallel rows; serial; a row of < 4 lines
 def test_softmax_row_plan_prefetches_and_matches(rows, cols):
-    cd = compute_of(SOFTMAX.format(r=rows, c=cols))
+    cd = compute_of(softmax_hlo(rows, cols))
     steps = default_schedule(cd)
     pragmas = [s for s in steps if isinstance(s, Pragma) and s.name == "prefetch_rows"]
     assert len(pragmas) == 1 and pragmas[0].value == D.ROW_PREFETCH_AHEAD
@@ -100,16 +91,16 @@ def test_softmax_row_plan_prefetches_and_matches(rows, cols):
 
 
 def test_no_pragma_without_math_or_when_off(monkeypatch):
-    cd = compute_of(LAYERNORM_LIKE.format(r=64, c=256))
+    cd = compute_of(centre_hlo(64, 256))
     assert not [s for s in default_schedule(cd) if isinstance(s, Pragma) and s.name == "prefetch_rows"]
     monkeypatch.setattr(D, "ROW_PREFETCH_AHEAD", 0)
-    cd = compute_of(SOFTMAX.format(r=64, c=256))
+    cd = compute_of(softmax_hlo(64, 256))
     assert not [s for s in default_schedule(cd) if isinstance(s, Pragma) and s.name == "prefetch_rows"]
 
 
 def test_pragma_on_an_outermost_loop_prefetches_nothing():
     """With no enclosing serial loop there is no row to run ahead of: the kernel is built as without it."""
-    cd = compute_of(LAYERNORM_LIKE.format(r=4, c=64))
+    cd = compute_of(centre_hlo(4, 64))
     steps = default_schedule(cd)
     out = next(s.name for s in cd.stages if s.name in cd.outputs)
     outer = cd.stage_by_name[out].axes[0].name
