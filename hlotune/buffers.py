@@ -5,6 +5,8 @@ Map:
   aligned_empty(shape, dtype) an uninitialized C-contiguous array whose data starts on an ALIGN boundary
   aligned_empty_of(shape, dt, nbytes)   the same, shape / dtype / size already converted
   aligned_empty_apart(shape, dt, nbytes, others)   the same, placed off the others' page offsets (4K aliasing)
+  empty_outputs(specs, inputs)   output buffers of (shape, dt, nbytes), the big ones placed apart from the big
+                              inputs and from each other (a compiled model's call, the measurement runner)
   aligned_copy(a)             a C-contiguous copy of `a` on an ALIGN boundary
   data_address(a)             the address of an array's first byte, read from the array object itself (0.6 us
                               where `a.ctypes.data` takes 3-4 us: a compiled model's call reads one per argument)
@@ -98,6 +100,20 @@ def aligned_empty_apart(shape: tuple[int, ...], dt: np.dtype, nbytes: int, other
     return np.ndarray(shape, dt, raw, base - addr + off)
 
 
+def empty_outputs(specs: list[tuple[tuple[int, ...], np.dtype, int]], inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Aligned buffers for `specs` (shape, dtype, bytes); each of at least APART_MIN_BYTES placed by
+    `aligned_empty_apart` off the big `inputs` and the big buffers before it."""
+    others = [data_address(a) for a in inputs if a.nbytes >= APART_MIN_BYTES]
+    out = []
+    for shape, dt, nbytes in specs:
+        if nbytes >= APART_MIN_BYTES:
+            out.append(aligned_empty_apart(shape, dt, nbytes, others))
+            others.append(data_address(out[-1]))
+        else:
+            out.append(aligned_empty_of(shape, dt, nbytes))
+    return out
+
+
 def aligned_copy(a: np.ndarray) -> np.ndarray:
     """A C-contiguous, ALIGN-aligned copy of `a` (same shape and dtype)."""
     out = aligned_empty(a.shape, a.dtype)
@@ -106,4 +122,4 @@ def aligned_copy(a: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["ALIGN", "aligned_empty", "aligned_copy", "data_address", "aligned_empty_of", "aligned_empty_apart",
-           "ALIAS_SPAN", "APART_MIN_BYTES"]
+           "empty_outputs", "ALIAS_SPAN", "APART_MIN_BYTES"]

@@ -52,9 +52,9 @@ from .buffers import (
     APART_MIN_BYTES,
     aligned_copy,
     aligned_empty,
-    aligned_empty_apart,
     aligned_empty_of,
     data_address,
+    empty_outputs,
 )
 from .errors import InputError, UnsupportedError
 from .ir.hlo import Op, flat_shapes
@@ -581,8 +581,8 @@ class _CpuPlan:
         slots = self.slots
         keep = [a if a.flags.c_contiguous else aligned_copy(a) for a in args]
         ptrs = [data_address(a) for a in keep]
-        if self._apart:
-            fresh = self._fresh_apart(keep, ptrs)
+        if self._apart:   # big outputs placed off the big arguments' page offsets (buffers.aligned_empty_apart)
+            fresh = empty_outputs(self._fresh_specs, keep)
         else:
             fresh = [aligned_empty_of(*spec) for spec in self._fresh_specs]
         ptrs += [data_address(f) for f in fresh]
@@ -601,25 +601,11 @@ class _CpuPlan:
             out.append(np.array(src, copy=True).reshape(dims))
         return tuple(out)
 
-    def _fresh_apart(self, keep: list[np.ndarray], ptrs: list[int]) -> list[np.ndarray]:
-        """The outputs, each big one placed off the page offsets of the big arguments and of the big outputs before
-        it (`buffers.aligned_empty_apart`: no 4K aliasing between a stream read and a stream written)."""
-        others = [p for p, a in zip(ptrs, keep) if a.nbytes >= APART_MIN_BYTES]
-        fresh = []
-        for spec in self._fresh_specs:
-            if spec[2] >= APART_MIN_BYTES:
-                f = aligned_empty_apart(*spec, others)
-                others.append(data_address(f))
-            else:
-                f = aligned_empty_of(*spec)
-            fresh.append(f)
-        return fresh
-
     def profile(self, args: list[np.ndarray], repeats: int) -> list[tuple[str, str, float]]:
         """(subgraph, workload key, median seconds) of each kernel call, timed alone on the buffers of one
         full run on `args` (a kernel reads only its inputs, so running it again gives the same outputs)."""
         keep = [a if a.flags.c_contiguous else aligned_copy(a) for a in args]
-        fresh = self._fresh_apart(keep, [data_address(a) for a in keep])
+        fresh = empty_outputs(self._fresh_specs, keep)
         ptr = {("arg", k): data_address(a) for k, a in enumerate(keep)}
         ptr.update({("fresh", k): data_address(f) for k, f in enumerate(fresh)})
         out = []

@@ -456,16 +456,16 @@ class FuncEmitter:
         lo = self.index(s.min)
         hi = self.b.add(lo, self.index(s.extent), flags=["nsw"])
         ahead = int(dict(s.annotations).get(PREFETCH_ROWS, 0) or 0)
-        plan = self._prefetch_plan(ahead, n) if ahead > 0 and n and self.outer else None
+        plan = (n, self._prefetch_plan(ahead)) if ahead > 0 and n and self.outer else None
         with self._range_of(s):
             self.serial(s.var.name, lo, hi, s.body, plan)
 
     # ---- prefetch_rows ----
-    def _prefetch_plan(self, ahead: int, n: int) -> list[tuple]:
-        """What a loop of `n` iterations under the pragma `prefetch_rows` = `ahead` prefetches: for each kernel
-        argument that the enclosing serial loop (the row loop) walks with one constant positive stride (elements per
-        row), the offset expression of its row's start (the variables of loops inside the row loop at their first
-        value), that stride, its cache lines per row, slots per iteration and whether the row loop stores to it."""
+    def _prefetch_plan(self, ahead: int) -> list[tuple[_Buf, Expr, int, bool]]:
+        """What a loop under the pragma `prefetch_rows` = `ahead` prefetches: for each kernel argument that the
+        enclosing serial loop (the row loop) walks with one constant positive stride (elements per row), the offset
+        expression of the start of the row `ahead` rows on (the variables of loops inside the row loop at their first
+        value), its cache lines per row and whether the row loop stores to it."""
         rvar, rbody = self.outer[-1]
         params = {p.name for p in self.me.func.params}
         first = {st.var.name: st.min for st in walk_stmts(rbody) if isinstance(st, For)}
@@ -486,20 +486,22 @@ class FuncEmitter:
             if not stride or stride < 0:
                 continue
             start = sum((Binary(Op.MULTIPLY, substitute(e, first), Const(st, INDEX), INDEX)
-                         for e, st in zip(uses[0][0], buf.strides)), Const(0, INDEX))
+                         for e, st in zip(uses[0][0], buf.strides)), Const(ahead * stride, INDEX))
             lines = -(-stride * elem_bytes(buf.dtype) // CACHE_LINE)
-            plan.append((buf, start, stride, lines, -(-lines // n), any(w for _, w in uses), ahead, n))
+            plan.append((buf, start, lines, any(w for _, w in uses)))
         return plan
 
-    def _prefetch(self, plan: list[tuple], i: ir.Value, lo: ir.Value) -> None:
-        """One iteration's share of the rows `ahead` ahead (`_prefetch_plan`): slot k of the loop's n * per slots
-        prefetches line k * lines // (n * per) of the row, so the lines are spread evenly over the iterations."""
+    def _prefetch(self, n: int, plan: list[tuple[_Buf, Expr, int, bool]], i: ir.Value, lo: ir.Value) -> None:
+        """One iteration's share (of a loop of `n`) of the rows `_prefetch_plan` names: with `per` prefetches per
+        iteration, slot k of the n * per prefetches fetches line k * lines // (n * per) of the row, so the lines are
+        spread evenly over the iterations."""
         b = self.b
         fn = self.me.module.globals.get("llvm.prefetch.p0") or ir.Function(
             self.me.module, ir.FunctionType(VOID, [PTR, I32, I32, I32]), "llvm.prefetch.p0")
         j = b.sub(i, lo, flags=["nsw"])
-        for buf, start, stride, lines, per, write, ahead, n in plan:
-            row = b.add(self.index(start), ir.Constant(I64, ahead * stride), flags=["nsw"])
+        for buf, start, lines, write in plan:
+            row = self.index(start)
+            per = -(-lines // n)
             per_line = CACHE_LINE // elem_bytes(buf.dtype)
             for q in range(per):
                 slot = b.add(b.mul(j, ir.Constant(I64, per), flags=["nsw"]), ir.Constant(I64, q), flags=["nsw"])
@@ -562,7 +564,7 @@ class FuncEmitter:
     def _shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: v.shape for k, v in self.bufs.items()}
 
-    def serial(self, var: str, lo: ir.Value, hi: ir.Value, body: Stmt, prefetch: list | None = None) -> None:
+    def serial(self, var: str, lo: ir.Value, hi: ir.Value, body: Stmt, prefetch: tuple | None = None) -> None:
         b = self.b
         pre = b.block
         loop = b.append_basic_block(f"for.{var}")
@@ -574,7 +576,7 @@ class FuncEmitter:
         old = self.vars.get(var)
         self.vars[var] = i
         if prefetch:
-            self._prefetch(prefetch, i, lo)
+            self._prefetch(*prefetch, i, lo)
         self.outer.append((var, body))
         try:
             self.stmt(body)

@@ -66,7 +66,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import config
-from ..buffers import APART_MIN_BYTES, aligned_copy, aligned_empty_apart, aligned_empty_of, data_address
+from ..buffers import aligned_copy, empty_outputs
 from ..target import Target
 from .records import BuildResult, ErrorKind, MeasureResult
 from .reference import TaskData, compare, poison
@@ -225,19 +225,12 @@ def _no_pace(next_s: float = 0.0) -> None:
 
 
 def _outputs_apart(expected: list[np.ndarray], inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Poisoned output buffers, ALIGN-aligned (the same timing on every allocation) and each big one placed off the
-    page offsets of the big inputs and outputs before it (`buffers.aligned_empty_apart`: a candidate's timing does
-    not depend on whether its output happened to start just after an input, modulo 4 KiB)."""
-    others = [data_address(a) for a in inputs if a.nbytes >= APART_MIN_BYTES]
-    outs = []
-    for ref in expected:
-        if ref.nbytes >= APART_MIN_BYTES:
-            out = aligned_empty_apart(tuple(ref.shape), ref.dtype, ref.nbytes, others)
-            others.append(data_address(out))
-        else:
-            out = aligned_empty_of(tuple(ref.shape), ref.dtype, ref.nbytes)
+    """Poisoned output buffers, ALIGN-aligned (the same timing on every allocation) and the big ones placed off the
+    big inputs' page offsets (`buffers.empty_outputs`: a candidate's timing does not depend on whether its output
+    happened to start just after an input, modulo 4 KiB)."""
+    outs = empty_outputs([(tuple(r.shape), r.dtype, r.nbytes) for r in expected], inputs)
+    for out, ref in zip(outs, expected):
         np.copyto(out, poison(ref), casting="no")
-        outs.append(out)
     return outs
 
 

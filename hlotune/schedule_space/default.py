@@ -277,8 +277,7 @@ def _row_steps(host: Stage, k: int, attached: list[Stage], lanes: int, names: se
 def _row_prefetch(stage: Stage, lanes: int) -> list[Step]:
     """The pragma `prefetch_rows` (ROW_PREFETCH_AHEAD) on the vector-split loop of a full-row stage that evaluates a
     POLY_MATH function: the row's memory traffic is then in flight while its math runs."""
-    if ROW_PREFETCH_AHEAD <= 0 or not any(isinstance(e, Unary | Binary) and e.op in POLY_MATH
-                                          for e in walk(stage.body)):
+    if ROW_PREFETCH_AHEAD <= 0 or not _calls_poly_math(stage):
         return []
     last = stage.axes[-1]
     if not _vector_width(last.extent, _math_lanes(stage, lanes)):
@@ -1147,9 +1146,12 @@ def _math_lanes(stage: Stage, lanes: int) -> int:
     overlaps their chains.  Measured on an AMD Zen 1 (AVX2: 8 -> 16 lanes; docs/benchmarks.md): gelu_tanh
     1.25x, sin_mul_add 1.11x, softmax 1.04x (its exp stage).  With 16 lanes already (AVX-512) it stays (not
     measured)."""
-    if 2 * lanes <= MATH_LANES and any(isinstance(e, Unary | Binary) and e.op in POLY_MATH for e in walk(stage.body)):
-        return 2 * lanes
-    return lanes
+    return 2 * lanes if 2 * lanes <= MATH_LANES and _calls_poly_math(stage) else lanes
+
+
+def _calls_poly_math(stage: Stage) -> bool:
+    """Whether the stage's expression evaluates a POLY_MATH function."""
+    return any(isinstance(e, Unary | Binary) and e.op in POLY_MATH for e in walk(stage.body))
 
 
 def _elementwise(stage: Stage, lanes: int, cores: int) -> list[Step]:

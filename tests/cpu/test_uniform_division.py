@@ -89,6 +89,6 @@ def test_varying_divisor_and_rule_off_divide(monkeypatch):
     monkeypatch.setattr(le, "UNIFORM_DIVISION", False)
     f = divide_kernel(DType.F32, 8, True)
     f = LoopFunc(f.name + "_off", f.inputs, f.outputs, f.body)   # a new kernel name: not the cached build
-    y, text = run(f, x, np.array([3.0], np.float32))
+    y, _ = run(f, x, np.array([3.0], np.float32))
     with np.errstate(all="ignore"):
         assert same_bits(y, x / np.float32(3.0))
